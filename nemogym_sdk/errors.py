@@ -1,0 +1,113 @@
+"""One exception tree for nemogym_sdk.
+
+Every error the library raises on purpose is a ``NemoGymError``. Each leaf also
+subclasses the builtin it refines, so callers that already catch ``ValueError``,
+``TimeoutError`` or ``ConnectionError`` keep working::
+
+    NemoGymError
+    ├── ConfigError(ValueError)            bad arguments or configuration
+    ├── DataError(ValueError)              malformed data from a file or a server
+    │   ├── RowError                       a bad JSONL line (file and line number attached)
+    │   └── DriftError                     a prompt does not extend the history (raise policy)
+    ├── DiscoveryError(LookupError)        a server or agent cannot be found
+    │   └── UnknownAgentError(KeyError)    a row names an agent that is not deployed
+    ├── TransportError(ConnectionError)    connection refused, reset, DNS ...
+    ├── ServerError                        the server answered with an error status
+    └── DeadlineError(TimeoutError)        a connect, request or total deadline passed
+        └── NotReadyError                  servers did not become ready in time
+
+Foreign exceptions (aiohttp, requests) are translated at one edge, with
+``raise ... from exc``. Exceptions keep their context in plain attributes that
+survive pickling, because rollouts and their errors cross process boundaries.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "DataError",
+    "DeadlineError",
+    "DiscoveryError",
+    "DriftError",
+    "NemoGymError",
+    "NotReadyError",
+    "RowError",
+    "ServerError",
+    "TransportError",
+    "UnknownAgentError",
+]
+
+
+class NemoGymError(Exception):
+    """Root of every error raised by nemogym_sdk."""
+
+
+class ConfigError(NemoGymError, ValueError):
+    """An argument or a configuration value is invalid."""
+
+
+class DataError(NemoGymError, ValueError):
+    """Data read from a file or received from a server is malformed."""
+
+
+class RowError(DataError):
+    """A line of a NeMo Gym JSONL file could not be read as a row."""
+
+    def __init__(self, message: str, path: str = "", line: int = 0) -> None:
+        super().__init__(message, path, line)
+        self.path = path
+        self.line = line
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.args[0]}"
+
+
+class DriftError(DataError):
+    """A model turn's prompt does not start with the tokens seen so far.
+
+    Raised only under ``DriftPolicy.RAISE``; ``report`` is the human-readable
+    drift report (turn index, common-prefix length, diverging window).
+    """
+
+    def __init__(self, report: str) -> None:
+        super().__init__(report)
+        self.report = report
+
+
+class DiscoveryError(NemoGymError, LookupError):
+    """A server, agent or route could not be found."""
+
+
+class UnknownAgentError(DiscoveryError, KeyError):
+    """A row names an agent that is not part of the deployment."""
+
+    def __str__(self) -> str:
+        # KeyError quotes its argument; a sentence reads better.
+        return str(self.args[0]) if self.args else ""
+
+
+class TransportError(NemoGymError, ConnectionError):
+    """The connection to a server failed (refused, reset, closed early)."""
+
+
+class ServerError(NemoGymError):
+    """A server answered with an error status.
+
+    ``status`` is the HTTP status code and ``body`` the start of the body.
+    """
+
+    def __init__(self, message: str, status: int = 0, body: str = "") -> None:
+        super().__init__(message, status, body)
+        self.status = status
+        self.body = body
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class DeadlineError(NemoGymError, TimeoutError):
+    """A connect, request or total deadline passed."""
+
+
+class NotReadyError(DeadlineError):
+    """Servers did not become ready before the deadline."""

@@ -1,0 +1,281 @@
+"""The turn parser: a NeMo Gym ``/run`` result becomes a training ``Rollout``.
+
+The walk (the algorithm NeMo RL, verl, TRL's removed example and axolotl each wrote):
+items of ``response.output`` with non-empty ``generation_token_ids`` are model turns.
+The first turn's ``prompt_token_ids`` is the prompt. For every later turn, the history
+(previous prompt + previous generation) must be a prefix of its ``prompt_token_ids``;
+the new suffix is environment tokens (mask 0, logprob 0.0), then the generation (mask
+1, its logprobs). Two turns, drawn with tiny tokens::
+
+    turn 0   prompt [10 20]                  generation [30 31]
+    turn 1   prompt [10 20 30 31 100 101 102] generation [40 41]
+                    ^^^^^^^^^^^ history      ^^^^^^^^^^^ environment tokens
+
+    prompt_ids     [10 20]
+    completion_ids [30 31 100 101 102 40 41]
+    env_mask       [ 1  1   0   0   0  1  1]
+
+When a prompt does not extend the history (the chat template re-rendered it, a
+reasoning block was stripped, the backend re-tokenized), the ``DriftPolicy`` decides:
+raise, mark the rollout ``DRIFT``, or fork a new sample at the drift point. Nothing is
+ever silently misaligned, and the parser never raises on malformed input except under
+``DriftPolicy.RAISE``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+from nemogym_sdk.errors import ConfigError, DriftError
+from nemogym_sdk.masks import Completion, CompletionBuilder
+from nemogym_sdk.records import DriftPolicy, DriftReport, Rollout, RolloutStatus
+from nemogym_sdk.wire import ModelTurn, RunResult, decode_run_result
+
+__all__ = ["parse_agent_response"]
+
+Decode = Callable[[Sequence[int]], str]
+"""Turns token ids into text, e.g. ``tokenizer.decode``; used for drift reports."""
+
+_DRIFT_WINDOW = 16
+
+
+def parse_agent_response(
+    response: bytes | bytearray | memoryview | str | Any,
+    eos_token_id: int,
+    *,
+    on_drift: DriftPolicy | str = DriftPolicy.MARK,
+    max_completion_length: int | None = None,
+    decode: Decode | None = None,
+) -> Rollout:
+    """Build a ``Rollout`` from one agent ``/run`` result.
+
+    Args:
+        response: the ``/run`` result as raw JSON bytes (fastest) or a decoded dict.
+        eos_token_id: token used for the seed contract's one-token failure rollout.
+        on_drift: what to do when a turn's prompt does not extend the history.
+        max_completion_length: cut the completion (ids, mask and logprobs together) to
+            this many tokens and set ``truncated``.
+        decode: optional ``ids -> text`` used to add readable text to drift reports.
+
+    Returns:
+        A ``Rollout``. Failures keep the seed contract's defaults (prompt and completion
+        ``[eos]``, mask ``[0]``) and carry a non-OK ``status`` and an ``error``.
+
+    Raises:
+        DriftError: only under ``DriftPolicy.RAISE``, when a prompt drifts.
+        ConfigError: for invalid arguments (not for invalid responses).
+    """
+    policy = _check_arguments(eos_token_id, on_drift, max_completion_length)
+    result = decode_run_result(response)
+    failure = _failure(result, eos_token_id)
+    if failure is not None:
+        return failure
+    return _stitch(result, eos_token_id, policy, max_completion_length, decode)
+
+
+def _check_arguments(
+    eos_token_id: int, on_drift: DriftPolicy | str, max_completion_length: int | None
+) -> DriftPolicy:
+    if isinstance(eos_token_id, bool) or not isinstance(eos_token_id, (int, np.integer)):
+        raise ConfigError(f"eos_token_id must be an int, got {eos_token_id!r}")
+    if max_completion_length is not None and max_completion_length < 1:
+        raise ConfigError(f"max_completion_length must be >= 1, got {max_completion_length}")
+    try:
+        return DriftPolicy(on_drift)
+    except ValueError:
+        choices = ", ".join(p.value for p in DriftPolicy)
+        raise ConfigError(f"on_drift must be one of {choices}, got {on_drift!r}") from None
+
+
+def _failure(result: RunResult, eos: int) -> Rollout | None:
+    """The seed contract's failure cases, in the seed's order, or None to go on."""
+    kept = result.reward if result.reward is not None else 0.0
+    components = result.reward_components
+    if result.error is not None:
+        return Rollout.failed(RolloutStatus.AGENT_ERROR, eos, error=result.error)
+    if result.invalid is not None:
+        return Rollout.failed(RolloutStatus.INVALID, eos, error=result.invalid, reward=kept)
+    if result.reward is None:
+        return Rollout.failed(RolloutStatus.INVALID, eos, error="'reward' is not a finite number")
+    if result.num_output_items == 0:
+        return Rollout.failed(
+            RolloutStatus.EMPTY,
+            eos,
+            error="the agent returned no output",
+            reward=kept,
+            reward_components=components,
+        )
+    if not result.has_answer:
+        return Rollout.failed(
+            RolloutStatus.EMPTY,
+            eos,
+            error="the output has no function call and no non-empty message text",
+            reward=kept,
+            reward_components=components,
+        )
+    if not result.turns:
+        return Rollout.failed(
+            RolloutStatus.NO_TOKEN_IDS,
+            eos,
+            error=(
+                "no output item carries generation_token_ids: configure the NeMo Gym "
+                "model server for training (return_token_id_information: true)"
+            ),
+        )
+    for number, turn in enumerate(result.turns):
+        problem = _turn_problem(number, turn)
+        if problem is not None:
+            return Rollout.failed(
+                RolloutStatus.INVALID,
+                eos,
+                error=problem,
+                reward=kept,
+                reward_components=components,
+            )
+    return None
+
+
+def _turn_problem(number: int, turn: ModelTurn) -> str | None:
+    where = f"model turn {number} (output item {turn.output_index})"
+    if turn.prompt_ids is None:
+        return f"{where}: prompt_token_ids is missing or not an array of integers"
+    if number == 0 and turn.prompt_ids.shape[0] == 0:
+        return f"{where}: prompt_token_ids is empty"
+    if turn.logprobs is None:
+        return f"{where}: generation_log_probs is missing or not an array of finite numbers"
+    if turn.logprobs.shape[0] != turn.generation_ids.shape[0]:
+        return (
+            f"{where}: {turn.logprobs.shape[0]} generation_log_probs for "
+            f"{turn.generation_ids.shape[0]} generation_token_ids"
+        )
+    return None
+
+
+@attrs.define
+class _Segment:
+    """A sample under construction: its prompt, its completion and its turn count."""
+
+    prompt_ids: npt.NDArray[np.int64]
+    builder: CompletionBuilder = attrs.field(factory=CompletionBuilder)
+    num_turns: int = 0
+    drift: DriftReport | None = None
+
+
+def _stitch(
+    result: RunResult,
+    eos: int,
+    policy: DriftPolicy,
+    max_completion_length: int | None,
+    decode: Decode | None,
+) -> Rollout:
+    turns = result.turns
+    first = turns[0]
+    assert first.prompt_ids is not None and first.logprobs is not None  # _turn_problem
+    segments = [_Segment(prompt_ids=first.prompt_ids)]
+    segments[0].builder.add_model(first.generation_ids, first.logprobs)
+    segments[0].num_turns = 1
+    drift: DriftReport | None = None
+    previous = first
+    for number, turn in enumerate(turns[1:], start=1):
+        assert turn.prompt_ids is not None and turn.logprobs is not None
+        history = _history_length(previous, turn.prompt_ids)
+        if history is None:
+            drift = _drift_report(number, previous, turn, decode)
+            if policy is DriftPolicy.RAISE:
+                raise DriftError(str(drift))
+            if policy is DriftPolicy.MARK:
+                break
+            segments.append(_Segment(prompt_ids=turn.prompt_ids, drift=drift))
+        else:
+            segments[-1].builder.add_env(turn.prompt_ids[history:])
+        segments[-1].builder.add_model(turn.generation_ids, turn.logprobs)
+        segments[-1].num_turns += 1
+        previous = turn
+
+    status = RolloutStatus.MASKED if result.mask_sample else RolloutStatus.OK
+    error = "the environment set mask_sample: true" if result.mask_sample else None
+    if policy is DriftPolicy.MARK and drift is not None:
+        status, error = RolloutStatus.DRIFT, str(drift)
+    samples = [
+        _to_rollout(segment, segment.builder.build().truncate(max_completion_length))
+        for segment in segments
+    ]
+    reward = result.reward if result.reward is not None else 0.0
+
+    def finish(sample: Rollout, **extra: Any) -> Rollout:
+        return attrs.evolve(
+            sample,
+            reward=reward,
+            status=status,
+            error=error,
+            reward_components=result.reward_components,
+            **extra,
+        )
+
+    forks = tuple(finish(s) for s in samples[1:])
+    first_drift = drift if policy is DriftPolicy.MARK else None
+    return finish(samples[0], forks=forks, drift=first_drift)
+
+
+def _history_length(previous: ModelTurn, prompt_ids: npt.NDArray[np.int64]) -> int | None:
+    """Length of the history if ``prompt_ids`` extends it, else None (drift)."""
+    assert previous.prompt_ids is not None
+    n_prompt = previous.prompt_ids.shape[0]
+    n_history = n_prompt + previous.generation_ids.shape[0]
+    if prompt_ids.shape[0] < n_history:
+        return None
+    if not np.array_equal(prompt_ids[:n_prompt], previous.prompt_ids):
+        return None
+    if not np.array_equal(prompt_ids[n_prompt:n_history], previous.generation_ids):
+        return None
+    return int(n_history)
+
+
+def _drift_report(
+    number: int, previous: ModelTurn, turn: ModelTurn, decode: Decode | None
+) -> DriftReport:
+    assert previous.prompt_ids is not None and turn.prompt_ids is not None
+    history = np.concatenate([previous.prompt_ids, previous.generation_ids])
+    prompt = turn.prompt_ids
+    n = min(history.shape[0], prompt.shape[0])
+    mismatches = np.flatnonzero(history[:n] != prompt[:n])
+    common = int(mismatches[0]) if mismatches.shape[0] else n
+    start = max(0, common - _DRIFT_WINDOW // 4)
+    stop = common + _DRIFT_WINDOW
+    expected = tuple(int(t) for t in history[start:stop])
+    received = tuple(int(t) for t in prompt[start:stop])
+    expected_text = received_text = None
+    if decode is not None:
+        try:
+            expected_text, received_text = decode(expected), decode(received)
+        except Exception as exc:  # noqa: BLE001 - a report helper must not mask the drift
+            expected_text = received_text = f"<decode failed: {exc!r}>"
+    return DriftReport(
+        turn_index=number,
+        output_index=turn.output_index,
+        common_prefix=common,
+        history_length=int(history.shape[0]),
+        prompt_length=int(prompt.shape[0]),
+        expected=expected,
+        received=received,
+        expected_text=expected_text,
+        received_text=received_text,
+    )
+
+
+def _to_rollout(segment: _Segment, completion: Completion) -> Rollout:
+    return Rollout(
+        prompt_ids=segment.prompt_ids,
+        completion_ids=completion.ids,
+        env_mask=completion.env_mask,
+        logprobs=completion.logprobs,
+        reward=0.0,
+        num_turns=segment.num_turns,
+        truncated=completion.truncated,
+        drift=segment.drift,
+    )

@@ -1,0 +1,286 @@
+"""NeMo Gym's JSON wire format: the only module that spells its field names.
+
+``decode_run_result`` turns an agent's ``/run`` result (raw JSON bytes or an already
+decoded dict) into a ``RunResult``: the handful of fields a trainer needs, with every
+turn's token arrays as numpy arrays. The bytes path parses with simdjson and copies
+each token array straight into numpy, without building Python lists; this is where
+parsing spends its time, because every turn repeats the whole history in
+``prompt_token_ids``.
+
+Decoding never raises on malformed input: problems are reported in ``RunResult.invalid``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+import simdjson
+
+__all__ = ["ModelTurn", "RunResult", "decode_run_result"]
+
+# Field names of NeMo Gym's /run result.
+RESPONSE = "response"
+OUTPUT = "output"
+REWARD = "reward"
+ERROR = "error"
+MASK_SAMPLE = "mask_sample"
+REWARD_COMPONENTS = "reward_components"
+PROMPT_TOKEN_IDS = "prompt_token_ids"
+GENERATION_TOKEN_IDS = "generation_token_ids"
+GENERATION_LOG_PROBS = "generation_log_probs"
+ITEM_TYPE = "type"
+FUNCTION_CALL = "function_call"
+MESSAGE = "message"
+CONTENT = "content"
+OUTPUT_TEXT = "output_text"
+TEXT = "text"
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class ModelTurn:
+    """One model call's token data, from the output item that carries it."""
+
+    output_index: int
+    """Index of the item in ``response.output``."""
+    prompt_ids: npt.NDArray[np.int64] | None
+    """``prompt_token_ids``; None when missing or malformed."""
+    generation_ids: npt.NDArray[np.int64]
+    """``generation_token_ids`` (non-empty)."""
+    logprobs: npt.NDArray[np.float64] | None
+    """``generation_log_probs``; None when missing or malformed."""
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class RunResult:
+    """The parts of a ``/run`` result that training needs."""
+
+    invalid: str | None = None
+    """Why the result is structurally malformed, or None."""
+    error: str | None = None
+    """The agent's ``error`` field, when present and not null."""
+    reward: float | None = 0.0
+    """``reward`` (0.0 when absent); None when present but not a finite number."""
+    mask_sample: bool = False
+    """The environment asked to leave the sample out."""
+    reward_components: dict[str, float] = attrs.field(factory=dict)
+    """Numeric entries of ``reward_components``."""
+    num_output_items: int = 0
+    """Length of ``response.output``."""
+    has_answer: bool = False
+    """The output holds a function call or a message with non-empty text."""
+    turns: tuple[ModelTurn, ...] = ()
+    """Model turns, in output order (items with non-empty ``generation_token_ids``)."""
+
+
+def decode_run_result(response: bytes | bytearray | memoryview | str | Any) -> RunResult:
+    """Decode a ``/run`` result given as raw JSON (bytes or str) or as a decoded dict."""
+    if isinstance(response, (bytes, bytearray, memoryview, str)):
+        return _decode_json(response)
+    return _walk(response)
+
+
+def _decode_json(raw: bytes | bytearray | memoryview | str) -> RunResult:
+    data = raw.encode() if isinstance(raw, str) else bytes(raw)
+    try:
+        document = simdjson.Parser().parse(data)
+    except (ValueError, RuntimeError, UnicodeDecodeError) as exc:
+        return RunResult(invalid=f"the response is not valid JSON ({exc})")
+    return _walk(document)
+
+
+# --- the walk, shared by dicts and simdjson proxies --------------------------------------
+
+
+def _is_object(value: Any) -> bool:
+    return isinstance(value, (Mapping, simdjson.Object))
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, (list, tuple, simdjson.Array))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _int_array(value: Any) -> npt.NDArray[np.int64] | None:
+    """A 1-D int64 array from a JSON array of integers, or None if it is anything else."""
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return np.zeros(0, dtype=np.int64)
+        if any(v is True or v is False for v in value):
+            return None
+        try:
+            array = np.asarray(value)
+        except (ValueError, TypeError, OverflowError):
+            return None
+        if array.ndim != 1 or array.dtype.kind not in "iu":
+            return None
+        return array.astype(np.int64, copy=False)
+    if isinstance(value, simdjson.Array):
+        try:
+            buffer = value.as_buffer(of_type="i")
+        except (TypeError, ValueError):
+            return None
+        array = np.frombuffer(buffer, dtype=np.int64)
+        return array if _flat(value, array) else None
+    return None
+
+
+def _float_array(value: Any) -> npt.NDArray[np.float64] | None:
+    """A 1-D float64 array from a JSON array of numbers, or None if it is anything else."""
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return np.zeros(0, dtype=np.float64)
+        if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in value):
+            return None
+        array = np.asarray(value, dtype=np.float64)
+    elif isinstance(value, simdjson.Array):
+        try:
+            array = np.frombuffer(value.as_buffer(of_type="d"), dtype=np.float64)
+        except (TypeError, ValueError):
+            return _float_array(_to_list(value))
+        if not _flat(value, array):
+            return None
+    else:
+        return None
+    return array if bool(np.isfinite(array).all()) else None
+
+
+def _flat(value: Any, array: npt.NDArray[Any]) -> bool:
+    """Whether ``as_buffer`` read a flat array (it silently flattens nested ones).
+
+    A nested array almost always changes the element count; checking the first and
+    last elements as well catches ``[[1], [2]]``-shaped data in O(1). Checking every
+    element would cost as much as decoding into Python objects.
+    """
+    n = len(value)
+    if array.shape[0] != n:
+        return False
+    return n == 0 or not (
+        isinstance(value[0], simdjson.Array) or isinstance(value[n - 1], simdjson.Array)
+    )
+
+
+def _to_list(array: Any) -> list[Any] | None:
+    """Plain list of an array's scalar items (mixed int/float arrays), None if nested."""
+    items = list(array)
+    return None if any(_is_array(v) or _is_object(v) for v in items) else items
+
+
+def _has_text(content: Any) -> bool:
+    if isinstance(content, str):
+        return bool(content.strip())
+    if not _is_array(content):
+        return False
+    for part in content:
+        if _is_object(part) and part.get(ITEM_TYPE) == OUTPUT_TEXT:
+            text = part.get(TEXT)
+            if isinstance(text, str) and text.strip():
+                return True
+    return False
+
+
+def _reward(top: Any) -> float | None:
+    if REWARD not in top:
+        return 0.0
+    value = top.get(REWARD)
+    if _is_number(value) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _components(top: Any) -> dict[str, float]:
+    raw = top.get(REWARD_COMPONENTS)
+    if not _is_object(raw):
+        return {}
+    return {str(k): float(v) for k, v in raw.items() if _is_number(v) and math.isfinite(v)}
+
+
+def _walk(top: Any) -> RunResult:
+    if not _is_object(top):
+        return RunResult(invalid="the response is not a JSON object")
+    error = top.get(ERROR)
+    common: dict[str, Any] = {
+        "error": None if error is None else str(error),
+        "reward": _reward(top),
+        "mask_sample": top.get(MASK_SAMPLE) is True,
+        "reward_components": _components(top),
+    }
+    response = top.get(RESPONSE)
+    if response is None:
+        return RunResult(**common)
+    if not _is_object(response):
+        return RunResult(invalid="'response' is not an object", **common)
+    output = response.get(OUTPUT)
+    if output is None:
+        return RunResult(**common)
+    if not _is_array(output):
+        return RunResult(invalid="'response.output' is not an array", **common)
+
+    has_answer = False
+    turns: list[ModelTurn] = []
+    for index, item in enumerate(output):
+        if not _is_object(item):
+            return RunResult(invalid=f"output item {index} is not an object", **common)
+        kind = item.get(ITEM_TYPE)
+        if kind == FUNCTION_CALL or (kind == MESSAGE and _has_text(item.get(CONTENT))):
+            has_answer = True
+        raw_generation = item.get(GENERATION_TOKEN_IDS)
+        if raw_generation is None:
+            continue
+        generation = _int_array(raw_generation)
+        if generation is None:
+            return RunResult(
+                invalid=f"output item {index}: generation_token_ids is not an array of integers",
+                **common,
+            )
+        if generation.shape[0] == 0:
+            continue
+        turns.append(
+            ModelTurn(
+                output_index=index,
+                prompt_ids=_int_array(item.get(PROMPT_TOKEN_IDS)),
+                generation_ids=generation,
+                logprobs=_float_array(item.get(GENERATION_LOG_PROBS)),
+            )
+        )
+    return RunResult(
+        num_output_items=len(output),
+        has_answer=has_answer,
+        turns=tuple(turns),
+        **common,
+    )
+
+
+# --- request bodies ---------------------------------------------------------------------
+
+RESPONSES_CREATE_PARAMS = "responses_create_params"
+AGENT_REF = "agent_ref"
+
+
+def build_run_body(
+    row: Mapping[str, Any], overrides: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The ``/run`` request body for a dataset row.
+
+    The row is sent whole (``agent_ref``, task fields, every message of the prompt,
+    tools, metadata), with ``responses_create_params`` copied, not mutated. Precedence
+    inside ``responses_create_params``: a non-None value in ``overrides`` (the trainer's
+    sampling parameters) wins over the row's value; a None override leaves the row's
+    value alone; and keys whose value is None are dropped, so a ``None`` left by a data
+    loader is never sent as a value.
+    """
+    body = dict(row)
+    params = row.get(RESPONSES_CREATE_PARAMS)
+    merged = {k: v for k, v in (params or {}).items() if v is not None}
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            merged[key] = value
+    body[RESPONSES_CREATE_PARAMS] = merged
+    return body
