@@ -7,9 +7,8 @@ PIP := $(PY) -m pip
 # GPU users install their own torch before `pip install nemogym-sdk[serve]`.
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= dev
-CORE := nemogym_sdk/__init__.py nemogym_sdk/errors.py nemogym_sdk/records.py \
-	nemogym_sdk/wire.py nemogym_sdk/hosts.py nemogym_sdk/turns.py nemogym_sdk/masks.py \
-	nemogym_sdk/collate.py nemogym_sdk/data.py nemogym_sdk/rewards.py
+# core and network layer: every module at the package root (subpackages have their own checks)
+CORE := $(wildcard nemogym_sdk/*.py)
 
 .PHONY: install lint typecheck test fuzz bench demo docs clean
 

@@ -2,10 +2,15 @@
 
 The core (records, turn parser, env-mask builder, collation, hosts, rows, reward
 pass-through) is pure: it imports numpy and attrs, never torch, trl, transformers,
-vllm or axolotl.
+vllm or axolotl. The network layer (``AgentClient``, ``ServerDirectory``, ``Verifier``,
+``reward_nemo_gym_verify``) is imported on first use, so ``import nemogym_sdk`` stays
+fast and does not load aiohttp or requests.
 """
 
 from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from nemogym_sdk.collate import collate
 from nemogym_sdk.data import expand_groups, load_rows, read_rows
@@ -24,6 +29,7 @@ from nemogym_sdk.errors import (
 )
 from nemogym_sdk.hosts import base_url, normalize_host, routable_host, split_host_port
 from nemogym_sdk.masks import Completion, CompletionBuilder
+from nemogym_sdk.policy import RetryPolicy, SamplingParams, Timeouts
 from nemogym_sdk.records import (
     Batch,
     DriftPolicy,
@@ -36,9 +42,40 @@ from nemogym_sdk.records import (
 from nemogym_sdk.rewards import reward_env
 from nemogym_sdk.turns import parse_agent_response
 
+if TYPE_CHECKING:
+    from nemogym_sdk.client import AgentClient, RawRun
+    from nemogym_sdk.directory import ServerDirectory, ServerInfo
+    from nemogym_sdk.verify import Verifier, VerifyItem, VerifyResult, reward_nemo_gym_verify
+
 __version__ = "0.1.0"
 
+_LAZY = {
+    "AgentClient": "nemogym_sdk.client",
+    "RawRun": "nemogym_sdk.client",
+    "ServerDirectory": "nemogym_sdk.directory",
+    "ServerInfo": "nemogym_sdk.directory",
+    "Verifier": "nemogym_sdk.verify",
+    "VerifyItem": "nemogym_sdk.verify",
+    "VerifyResult": "nemogym_sdk.verify",
+    "reward_nemo_gym_verify": "nemogym_sdk.verify",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'nemogym_sdk' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
 __all__ = [
+    "AgentClient",
     "Batch",
     "Completion",
     "CompletionBuilder",
@@ -51,14 +88,23 @@ __all__ = [
     "DriftReport",
     "NemoGymError",
     "NotReadyError",
+    "RawRun",
+    "RetryPolicy",
     "Rollout",
     "RolloutRequest",
     "RolloutStatus",
     "RowError",
+    "SamplingParams",
+    "ServerDirectory",
     "ServerError",
+    "ServerInfo",
     "TaskRow",
+    "Timeouts",
     "TransportError",
     "UnknownAgentError",
+    "Verifier",
+    "VerifyItem",
+    "VerifyResult",
     "__version__",
     "base_url",
     "collate",
@@ -68,6 +114,7 @@ __all__ = [
     "parse_agent_response",
     "read_rows",
     "reward_env",
+    "reward_nemo_gym_verify",
     "routable_host",
     "split_host_port",
 ]

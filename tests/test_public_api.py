@@ -24,6 +24,7 @@ CORE = [
     "rewards",
 ]
 HEAVY = ["torch", "trl", "transformers", "vllm", "axolotl", "peft"]
+NETWORK = ["aiohttp", "requests", "yaml"]  # loaded on first use of the network layer
 
 
 def test_all_is_sorted_unique_and_importable() -> None:
@@ -77,6 +78,16 @@ def test_import_leaves_heavy_frameworks_out() -> None:
     code = f"import sys, nemogym_sdk; print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_network_names_load_lazily() -> None:
+    """AgentClient and friends resolve on first access and are the modules' own objects."""
+    from nemogym_sdk import client, directory, verify
+
+    assert nemogym_sdk.AgentClient is client.AgentClient
+    assert nemogym_sdk.ServerDirectory is directory.ServerDirectory
+    assert nemogym_sdk.reward_nemo_gym_verify is verify.reward_nemo_gym_verify
+    assert "Verifier" in dir(nemogym_sdk)
 
 
 def test_import_is_quiet() -> None:

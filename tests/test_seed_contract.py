@@ -17,9 +17,6 @@ import pytest
 from nemogym_sdk import TaskRow, load_rows, normalize_host, parse_agent_response, reward_env
 from nemogym_sdk.wire import build_run_body
 
-LATER_AGENT_CLIENT = pytest.mark.xfail(
-    strict=True, reason="AgentClient and Verifier are delivered by issue #3"
-)
 LATER_AXOLOTL = pytest.mark.xfail(
     strict=True, reason="the axolotl adapter (NemoGymPlugin) is delivered by a later issue"
 )
@@ -153,7 +150,6 @@ class TestRewardEnv:
 class TestRewardNemoGymVerify:
     """reward_nemo_gym_verify against a real resources server on loopback (no mocks)."""
 
-    @LATER_AGENT_CLIENT
     def test_calls_verify_endpoint(self) -> None:
         """One completion is verified with one /verify call and gets the server's reward."""
         from nemogym_sdk import reward_nemo_gym_verify
@@ -170,7 +166,6 @@ class TestRewardNemoGymVerify:
             assert result == [0.75]
             assert server.calls("/verify") == 1
 
-    @LATER_AGENT_CLIENT
     def test_missing_server_returns_zero(self) -> None:
         """A completion whose resources server is unknown gets 0.0."""
         from nemogym_sdk import reward_nemo_gym_verify
@@ -289,7 +284,6 @@ def _wordle_rows() -> list[TaskRow]:
 class TestAgentRefPreservation:
     """agent_ref and the task fields reach the agent through the real client."""
 
-    @LATER_AGENT_CLIENT
     def test_data_producer_preserves_agent_ref(self) -> None:
         """Rows sharing a prompt each reach their own agent with their own task fields."""
         from nemogym_sdk import AgentClient
@@ -297,13 +291,12 @@ class TestAgentRefPreservation:
 
         with agent_server() as first, agent_server() as second:
             urls = {"wordle_simple_agent": first.url, "other": second.url}
-            with AgentClient.connect(agents=urls) as client:
+            with AgentClient(urls) as client:
                 client.run_sync(_wordle_rows(), eos_token_id=2)
             assert [b["target"] for b in first.bodies] == ["crane"]
             assert [b["agent_ref"]["name"] for b in first.bodies] == ["wordle_simple_agent"]
             assert [b["target"] for b in second.bodies] == ["slide"]
 
-    @LATER_AGENT_CLIENT
     def test_multi_turn_preserves_agent_ref(self) -> None:
         """The rollout of each row is tagged with its row id and the agent that played it."""
         from nemogym_sdk import AgentClient
@@ -311,7 +304,7 @@ class TestAgentRefPreservation:
 
         with agent_server() as first, agent_server() as second:
             urls = {"wordle_simple_agent": first.url, "other": second.url}
-            with AgentClient.connect(agents=urls) as client:
+            with AgentClient(urls) as client:
                 rollouts = client.run_sync(_wordle_rows(), eos_token_id=2)
         assert [r.agent_name for r in rollouts] == ["wordle_simple_agent", "other"]
         assert [r.row_id for r in rollouts] == ["rows.jsonl:0", "rows.jsonl:1"]
@@ -320,7 +313,6 @@ class TestAgentRefPreservation:
 class TestCallAgentsRouting:
     """Routing rows to agent servers by agent_ref.name."""
 
-    @LATER_AGENT_CLIENT
     def test_routes_to_correct_agent(self) -> None:
         """A row with agent_ref goes to the agent of that name and nowhere else."""
         from nemogym_sdk import AgentClient
@@ -335,12 +327,11 @@ class TestCallAgentsRouting:
         )
         with agent_server() as wordle, agent_server() as math:
             urls = {"wordle_agent": wordle.url, "math_agent": math.url}
-            with AgentClient.connect(agents=urls) as client:
+            with AgentClient(urls) as client:
                 client.run_sync([row], eos_token_id=2)
             assert len(wordle.bodies) == 1
             assert math.bodies == []
 
-    @LATER_AGENT_CLIENT
     def test_fallback_to_first_agent(self) -> None:
         """A row without agent_ref goes to the default agent (the only one deployed)."""
         from nemogym_sdk import AgentClient
@@ -351,7 +342,7 @@ class TestCallAgentsRouting:
             data={"responses_create_params": {"input": [{"role": "user", "content": "Hello"}]}},
         )
         with agent_server() as only:
-            with AgentClient.connect(agents={"default_agent": only.url}) as client:
+            with AgentClient({"default_agent": only.url}) as client:
                 (rollout,) = client.run_sync([row], eos_token_id=2)
             assert len(only.bodies) == 1
             assert rollout.agent_name == "default_agent"
@@ -423,7 +414,6 @@ class TestNemoGymE2E:
     two-turn Wordle result, then ``collate`` and ``Batch.to_torch``.
     """
 
-    @LATER_AGENT_CLIENT
     def test_produce_returns_valid_rollout_dataset(self) -> None:
         """Two rollouts of one row give padded tensors with the right mask and logprobs."""
         from nemogym_sdk import AgentClient, collate
@@ -435,7 +425,7 @@ class TestNemoGymE2E:
         )
         with (
             agent_server(responses=[AGENT_RESPONSE]) as agent,
-            AgentClient.connect(agents={"wordle_agent": agent.url}) as client,
+            AgentClient({"wordle_agent": agent.url}) as client,
         ):
             rollouts = client.run_sync([row], eos_token_id=2, num_generations=2)
         data = collate(rollouts, pad_token_id=0).to_torch("cpu")
@@ -451,7 +441,6 @@ class TestNemoGymE2E:
         assert data["rewards"].tolist() == pytest.approx([0.42, 0.42])
         assert data["ok"].tolist() == [True, True]
 
-    @LATER_AGENT_CLIENT
     def test_produce_handles_failed_agent_response(self) -> None:
         """A failed rollout stays in the batch as a length-1 sample with reward 0."""
         from nemogym_sdk import AgentClient, collate
@@ -464,7 +453,7 @@ class TestNemoGymE2E:
         )
         with (
             agent_server(responses=[AGENT_RESPONSE, failure]) as agent,
-            AgentClient.connect(agents={"wordle_agent": agent.url}) as client,
+            AgentClient({"wordle_agent": agent.url}) as client,
         ):
             rollouts = client.run_sync([row], eos_token_id=2, num_generations=2)
         data = collate(rollouts, pad_token_id=0).to_torch("cpu")
@@ -474,7 +463,6 @@ class TestNemoGymE2E:
         assert data["rewards"].tolist() == pytest.approx([0.42, 0.0])
         assert data["ok"].tolist() == [True, False]
 
-    @LATER_AGENT_CLIENT
     def test_reward_functions_chain(self) -> None:
         """reward_env and reward_nemo_gym_verify combine in a multi-reward setup."""
         from nemogym_sdk import reward_nemo_gym_verify

@@ -1,0 +1,144 @@
+"""The connection-owning base of ``AgentClient`` and ``Verifier``.
+
+One ``aiohttp.ClientSession`` per client, created lazily in the event loop that first
+uses it and reused for every batch; a global and a per-host concurrency limit; and a
+private background loop for the synchronous facades (created on first sync use, so a
+purely async user never starts a thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Coroutine
+from types import TracebackType
+from typing import Any, Self, TypeVar
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from nemogym_sdk._aio import BackgroundLoop
+from nemogym_sdk.errors import ConfigError
+from nemogym_sdk.policy import RetryPolicy, Timeouts
+
+T = TypeVar("T")
+
+
+class SessionOwner:
+    """Owns a session, its concurrency limits and (for sync callers) a loop thread."""
+
+    _thread_name = "nemogym-sdk-http"
+
+    def __init__(
+        self,
+        *,
+        timeouts: Timeouts,
+        retry: RetryPolicy,
+        max_concurrency: int,
+        max_per_host: int,
+        seed: int | None,
+    ) -> None:
+        if max_concurrency < 1 or max_per_host < 1:
+            raise ConfigError("max_concurrency and max_per_host must be >= 1")
+        self.timeouts = timeouts
+        self.retry = retry
+        self.max_concurrency = max_concurrency
+        self.max_per_host = max_per_host
+        self._rng = random.Random(seed)
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._background: BackgroundLoop | None = None
+        self._global: asyncio.Semaphore | None = None
+        self._per_host: dict[str, asyncio.Semaphore] = {}
+        self._closed = False
+
+    # --- session ----------------------------------------------------------------------------
+
+    def _bind(self) -> aiohttp.ClientSession:
+        """The session of the running loop, created on first use."""
+        if self._closed:
+            raise RuntimeError(f"this {type(self).__name__} is closed")
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+            connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, enable_cleanup_closed=True)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                cookie_jar=aiohttp.DummyCookieJar(),  # cookies live per rollout, never shared
+                timeout=aiohttp.ClientTimeout(total=None),
+            )
+            self._global = asyncio.Semaphore(self.max_concurrency)
+        elif loop is not self._loop:
+            raise ConfigError(
+                f"this {type(self).__name__} is bound to another event loop: use one client "
+                "per loop (the *_sync methods run on the client's own loop)"
+            )
+        assert self._session is not None
+        return self._session
+
+    def _limits(self, url: str) -> tuple[asyncio.Semaphore, asyncio.Semaphore]:
+        """The global and the per-host semaphore for ``url``."""
+        assert self._global is not None
+        host = urlsplit(url).netloc
+        per_host = self._per_host.get(host)
+        if per_host is None:
+            per_host = self._per_host[host] = asyncio.Semaphore(self.max_per_host)
+        return self._global, per_host
+
+    # --- sync facade ------------------------------------------------------------------------
+
+    def _run_sync(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        if self._background is None:
+            if self._loop is not None:
+                coroutine.close()
+                raise ConfigError(
+                    f"this {type(self).__name__} is already used from an async loop; "
+                    "use its async methods there"
+                )
+            self._background = BackgroundLoop(self._thread_name)
+        return self._background.run(coroutine)
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Close the session (from the loop that uses it)."""
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+        self._closed = True
+
+    def close(self) -> None:
+        """Close the session and stop the background loop, if the sync facade started one."""
+        if self._background is not None:
+            if self._session is not None:
+                self._background.run(self.aclose())
+            self._background.close()
+            self._background = None
+        elif self._session is not None and self._loop is not None and not self._loop.is_closed():
+            if self._loop.is_running():
+                raise RuntimeError("an async client must be closed with 'await client.aclose()'")
+            self._loop.run_until_complete(self.aclose())
+        self._closed = True
+
+    async def __aenter__(self) -> Self:
+        self._bind()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()

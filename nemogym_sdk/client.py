@@ -1,0 +1,338 @@
+"""``AgentClient``: play rollouts on NeMo Gym agents (``POST /run``), many at a time.
+
+- One ``aiohttp.ClientSession`` reused across batches; global and per-host limits.
+- Separate connect, per-request and whole-batch deadlines (``Timeouts``).
+- Capped exponential backoff with jitter on connection errors, 429 and 5xx only.
+- No cookie is shared between rollouts (NeMo Gym keys environment state by cookie).
+- Rows route by ``agent_ref.name``; rows without one go to the default agent; an
+  unknown name raises ``UnknownAgentError`` before anything is sent.
+- Every requested rollout comes back, as a result or a typed failure, tagged with its
+  row id and repeat index: in input order (``run``) or as they complete (``stream``).
+- ``run_sync`` serves trainers that are not async, on one loop thread the client owns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from nemogym_sdk._aio import Attempt, Outcome, post_with_retries
+from nemogym_sdk._session import SessionOwner
+from nemogym_sdk.directory import ServerDirectory
+from nemogym_sdk.errors import ConfigError, UnknownAgentError
+from nemogym_sdk.policy import RetryPolicy, SamplingParams, Timeouts
+from nemogym_sdk.records import DriftPolicy, Rollout, RolloutRequest, RolloutStatus, TaskRow
+from nemogym_sdk.turns import Decode, parse_agent_response
+from nemogym_sdk.wire import build_run_body
+
+__all__ = ["AgentClient", "RawRun", "RowInput"]
+
+logger = logging.getLogger(__name__)
+
+RowInput = TaskRow | RolloutRequest | Mapping[str, Any]
+"""A row to play: a ``TaskRow``, an already expanded ``RolloutRequest``, or a raw row dict."""
+
+
+@attrs.frozen(kw_only=True)
+class RawRun:
+    """One ``/run`` exchange before parsing."""
+
+    request: RolloutRequest
+    """The row and repeat index that was played."""
+    index: int
+    """Position in the expanded input (row-major, then repeat index)."""
+    agent_name: str
+    """Agent instance the row was routed to."""
+    status: RolloutStatus
+    """``OK`` when a 2xx body arrived; otherwise why not."""
+    body: bytes | None = attrs.field(default=None, repr=False)
+    """The raw JSON body of a 2xx answer."""
+    error: str | None = None
+    """Why it failed, as a sentence."""
+    http_status: int = 0
+    """The last HTTP status (0 if no answer)."""
+    attempts: int = 0
+    """Attempts made, retries included."""
+    seconds: float = 0.0
+    """Wall time from start of the first attempt to the end of the last."""
+
+    def json(self) -> Any:
+        """The decoded body (None when there is none)."""
+        return None if self.body is None else json.loads(self.body)
+
+
+@attrs.frozen
+class _Job:
+    index: int
+    request: RolloutRequest
+    agent_name: str
+    url: str
+
+
+class AgentClient(SessionOwner):
+    """Concurrent, retried, deadline-bounded ``/run`` calls to NeMo Gym agents.
+
+    Example::
+
+        directory = ServerDirectory.from_head("127.0.0.1:11000")
+        async with AgentClient(directory, sampling=SamplingParams(temperature=1.0)) as client:
+            rollouts = await client.run(rows, eos_token_id=tok.eos_token_id, num_generations=8)
+
+    Args:
+        agents: agent instance name -> URL, or a ``ServerDirectory``.
+        default_agent: agent for rows without ``agent_ref``; defaults to the only agent
+            when there is exactly one.
+        sampling: sampling parameters forced onto every row (see ``SamplingParams``).
+        timeouts: connect / per-request / whole-batch deadlines.
+        retry: retry policy for connection errors, 429 and 5xx.
+        max_concurrency: rollouts in flight at once, over all agents.
+        max_per_host: rollouts in flight at once per agent host:port.
+        seed: seed of the backoff jitter.
+    """
+
+    _thread_name = "nemogym-sdk-agents"
+
+    def __init__(
+        self,
+        agents: Mapping[str, str] | ServerDirectory,
+        *,
+        default_agent: str | None = None,
+        sampling: SamplingParams = SamplingParams(),
+        timeouts: Timeouts = Timeouts(),
+        retry: RetryPolicy = RetryPolicy(),
+        max_concurrency: int = 256,
+        max_per_host: int = 128,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__(
+            timeouts=timeouts,
+            retry=retry,
+            max_concurrency=max_concurrency,
+            max_per_host=max_per_host,
+            seed=seed,
+        )
+        directory = (
+            agents
+            if isinstance(agents, ServerDirectory)
+            else ServerDirectory.from_urls(agents=agents)
+        )
+        self.directory = directory
+        self.sampling = sampling
+        known = directory.agents
+        if default_agent is None and len(known) == 1:
+            default_agent = next(iter(known))
+        if default_agent is not None:
+            directory.agent_url(default_agent)  # unknown default -> UnknownAgentError now
+        self.default_agent = default_agent
+
+    # --- planning ---------------------------------------------------------------------------
+
+    def _route(self, request: RolloutRequest) -> str:
+        name = request.row.agent_name or self.default_agent
+        if name is None:
+            raise UnknownAgentError(
+                f"row {request.row.row_id} has no agent_ref.name and no default agent is set; "
+                f"known agents: {', '.join(self.directory.agents) or '(none)'}"
+            )
+        return name
+
+    def plan(self, rows: Iterable[RowInput], num_generations: int = 1) -> list[RolloutRequest]:
+        """Expand rows into ``num_generations`` requests each (``aabb`` order).
+
+        ``RolloutRequest`` inputs are taken as already expanded; raw dict rows get ids
+        ``row:<index>``.
+        """
+        if num_generations < 1:
+            raise ConfigError(f"num_generations must be >= 1, got {num_generations}")
+        requests: list[RolloutRequest] = []
+        for index, row in enumerate(rows):
+            if isinstance(row, RolloutRequest):
+                requests.append(row)
+                continue
+            if not isinstance(row, TaskRow):
+                row = TaskRow(row_id=f"row:{index}", data=row)
+            requests += [RolloutRequest(row=row, repeat_index=i) for i in range(num_generations)]
+        return requests
+
+    def _jobs(self, requests: Sequence[RolloutRequest]) -> list[_Job]:
+        jobs = []
+        for index, request in enumerate(requests):
+            name = self._route(request)
+            jobs.append(_Job(index, request, name, self.directory.agent_url(name)))
+        return jobs
+
+    # --- raw runs ---------------------------------------------------------------------------
+
+    async def _play(self, job: _Job, deadline: float | None) -> RawRun:
+        session = self._bind()
+        everyone, host = self._limits(job.url)
+        started = time.monotonic()
+        body = json.dumps(build_run_body(job.request.row.data, self.sampling.overrides())).encode()
+        async with everyone, host:
+            if deadline is not None and time.monotonic() >= deadline:
+                attempt = Attempt(
+                    outcome=Outcome.TIMEOUT, attempts=0, error="the batch deadline passed first"
+                )
+            else:
+                attempt = await post_with_retries(
+                    session,
+                    f"{job.url}/run",
+                    body,
+                    request_timeout=self.timeouts.request,
+                    connect_timeout=self.timeouts.connect,
+                    deadline=deadline,
+                    retry=self.retry,
+                    rng=self._rng,
+                )
+        if attempt.attempts > 1:
+            logger.debug("row %s: %d attempts", job.request.row.row_id, attempt.attempts)
+        status = {
+            Outcome.OK: RolloutStatus.OK,
+            Outcome.HTTP_ERROR: RolloutStatus.AGENT_ERROR,
+            Outcome.CONNECTION: RolloutStatus.TRANSPORT_ERROR,
+            Outcome.TIMEOUT: RolloutStatus.TIMEOUT,
+        }[attempt.outcome]
+        error = attempt.error
+        if error is not None and attempt.attempts > 1:
+            error = f"{error} (after {attempt.attempts} attempts)"
+        return RawRun(
+            request=job.request,
+            index=job.index,
+            agent_name=job.agent_name,
+            status=status,
+            body=attempt.body if attempt.ok else None,
+            error=error,
+            http_status=attempt.status,
+            attempts=attempt.attempts,
+            seconds=time.monotonic() - started,
+        )
+
+    async def stream_raw(
+        self, rows: Iterable[RowInput], *, num_generations: int = 1
+    ) -> AsyncIterator[RawRun]:
+        """Play every row ``num_generations`` times; yield each exchange as it completes."""
+        jobs = self._jobs(self.plan(rows, num_generations))
+        self._bind()
+        total = self.timeouts.total
+        deadline = None if total is None else time.monotonic() + total
+        tasks = [asyncio.ensure_future(self._play(job, deadline)) for job in jobs]
+        try:
+            for next_done in asyncio.as_completed(tasks):
+                yield await next_done
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # --- rollouts ---------------------------------------------------------------------------
+
+    @staticmethod
+    def to_rollout(
+        raw: RawRun,
+        eos_token_id: int,
+        *,
+        on_drift: DriftPolicy | str = DriftPolicy.MARK,
+        max_completion_length: int | None = None,
+        decode: Decode | None = None,
+    ) -> Rollout:
+        """Parse one exchange into a ``Rollout`` tagged with its row, repeat and agent."""
+        if raw.body is None:
+            rollout = Rollout.failed(raw.status, eos_token_id, error=raw.error)
+        else:
+            rollout = parse_agent_response(
+                raw.body,
+                eos_token_id,
+                on_drift=on_drift,
+                max_completion_length=max_completion_length,
+                decode=decode,
+            )
+        row_id, repeat, agent = raw.request.row.row_id, raw.request.repeat_index, raw.agent_name
+        forks = tuple(
+            attrs.evolve(fork, row_id=row_id, repeat_index=repeat, agent_name=agent)
+            for fork in rollout.forks
+        )
+        return attrs.evolve(
+            rollout, forks=forks, row_id=row_id, repeat_index=repeat, agent_name=agent
+        )
+
+    async def stream(
+        self,
+        rows: Iterable[RowInput],
+        *,
+        eos_token_id: int,
+        num_generations: int = 1,
+        on_drift: DriftPolicy | str = DriftPolicy.MARK,
+        max_completion_length: int | None = None,
+        decode: Decode | None = None,
+    ) -> AsyncIterator[Rollout]:
+        """Yield rollouts as they complete (each tagged with ``row_id`` and ``repeat_index``)."""
+        async for raw in self.stream_raw(rows, num_generations=num_generations):
+            yield self.to_rollout(
+                raw,
+                eos_token_id,
+                on_drift=on_drift,
+                max_completion_length=max_completion_length,
+                decode=decode,
+            )
+
+    async def run(
+        self,
+        rows: Iterable[RowInput],
+        *,
+        eos_token_id: int,
+        num_generations: int = 1,
+        on_drift: DriftPolicy | str = DriftPolicy.MARK,
+        max_completion_length: int | None = None,
+        decode: Decode | None = None,
+    ) -> list[Rollout]:
+        """Play every row ``num_generations`` times; rollouts in input order (``aabb``)."""
+        results: list[Rollout | None] = []
+        async for raw in self.stream_raw(rows, num_generations=num_generations):
+            if raw.index >= len(results):
+                results.extend([None] * (raw.index + 1 - len(results)))
+            results[raw.index] = self.to_rollout(
+                raw,
+                eos_token_id,
+                on_drift=on_drift,
+                max_completion_length=max_completion_length,
+                decode=decode,
+            )
+        assert all(r is not None for r in results)
+        return [r for r in results if r is not None]
+
+    def run_sync(
+        self,
+        rows: Iterable[RowInput],
+        *,
+        eos_token_id: int,
+        num_generations: int = 1,
+        on_drift: DriftPolicy | str = DriftPolicy.MARK,
+        max_completion_length: int | None = None,
+        decode: Decode | None = None,
+    ) -> list[Rollout]:
+        """``run`` for synchronous callers, on the client's own loop thread."""
+        rows = list(rows)
+        return self._run_sync(
+            self.run(
+                rows,
+                eos_token_id=eos_token_id,
+                num_generations=num_generations,
+                on_drift=on_drift,
+                max_completion_length=max_completion_length,
+                decode=decode,
+            )
+        )
+
+    async def _collect_raw(self, rows: list[RowInput], num_generations: int) -> list[RawRun]:
+        found = [raw async for raw in self.stream_raw(rows, num_generations=num_generations)]
+        return sorted(found, key=lambda raw: raw.index)
+
+    def run_raw_sync(self, rows: Iterable[RowInput], *, num_generations: int = 1) -> list[RawRun]:
+        """Unparsed exchanges in input order, for synchronous callers."""
+        return self._run_sync(self._collect_raw(list(rows), num_generations))

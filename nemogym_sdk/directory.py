@@ -1,0 +1,404 @@
+"""``ServerDirectory``: where a NeMo Gym deployment's agents and resources servers listen.
+
+Discovery asks the head server (default ``127.0.0.1:11000``):
+
+- ``GET /server_instances``: one entry per spawned server (``process_name`` is the
+  instance name rows refer to, plus ``server_type``, ``host``, ``port``);
+- ``GET /global_config_dict_yaml``: the resolved global config, as YAML text inside a
+  JSON string, with ``${...}`` interpolations left unresolved.
+
+Hosts are made routable with ``routable_host``: a remote head's servers that advertise
+``0.0.0.0`` or ``127.0.0.1`` are reached at the head's host. Deployments without a head
+server are described with ``ServerDirectory.from_urls``; explicit ``overrides`` replace
+discovered URLs by instance name.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+import requests
+import yaml
+
+from nemogym_sdk.errors import (
+    ConfigError,
+    DataError,
+    DiscoveryError,
+    NotReadyError,
+    ServerError,
+    TransportError,
+    UnknownAgentError,
+)
+from nemogym_sdk.hosts import base_url, routable_host, split_host_port
+
+__all__ = ["AGENTS", "ENVIRONMENTS", "MODELS", "RESOURCES", "ServerDirectory", "ServerInfo"]
+
+AGENTS = "responses_api_agents"
+RESOURCES = "resources_servers"
+MODELS = "responses_api_models"
+ENVIRONMENTS = "environment_servers"
+SERVER_TYPES = (AGENTS, RESOURCES, MODELS, ENVIRONMENTS)
+DEFAULT_HEAD = "127.0.0.1:11000"
+
+_INTERPOLATION = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
+
+
+@attrs.frozen(kw_only=True)
+class ServerInfo:
+    """One server of the deployment."""
+
+    name: str
+    """Instance name: the top-level config key that rows and references use."""
+    server_type: str
+    """``responses_api_agents``, ``resources_servers``, ``responses_api_models`` or
+    ``environment_servers``."""
+    url: str
+    """Routable base URL, ``http://host:port``."""
+    implementation: str | None = None
+    """Implementation directory, e.g. ``simple_agent`` or ``vllm_model``."""
+    config: Mapping[str, Any] = attrs.field(factory=dict, eq=False, repr=False)
+    """The server's own config block (interpolations resolved where possible)."""
+
+
+class ServerDirectory:
+    """Agents, resources servers and model servers of one deployment, by instance name."""
+
+    def __init__(
+        self,
+        servers: Iterable[ServerInfo],
+        *,
+        head_url: str | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._servers = {s.name: s for s in servers}
+        self.head_url = head_url
+        """Base URL of the head server, when the directory came from one."""
+        self.config: Mapping[str, Any] = config or {}
+        """The global config (empty without a head server)."""
+
+    # --- construction -----------------------------------------------------------------
+
+    @classmethod
+    def from_urls(
+        cls,
+        *,
+        agents: Mapping[str, str] | None = None,
+        resources_servers: Mapping[str, str] | None = None,
+        models: Mapping[str, str] | None = None,
+    ) -> ServerDirectory:
+        """A directory given explicitly (no head server). URLs may be ``host:port``."""
+        servers = [
+            ServerInfo(name=name, server_type=kind, url=base_url(url))
+            for kind, mapping in (
+                (AGENTS, agents),
+                (RESOURCES, resources_servers),
+                (MODELS, models),
+            )
+            for name, url in (mapping or {}).items()
+        ]
+        return cls(servers)
+
+    @classmethod
+    def from_head(
+        cls,
+        head: str = DEFAULT_HEAD,
+        *,
+        overrides: Mapping[str, str] | None = None,
+        timeout: float = 10.0,
+        wait: float = 0.0,
+        session: requests.Session | None = None,
+    ) -> ServerDirectory:
+        """Discover a deployment from its head server.
+
+        Args:
+            head: head server as ``host:port`` or URL (port 11000 when omitted).
+            overrides: instance name -> URL, replacing what the head reports.
+            timeout: per-request timeout in seconds.
+            wait: keep retrying for up to this many seconds until the head answers and
+                reports ready (``/readyz``); 0 asks once.
+            session: a ``requests.Session`` to reuse.
+
+        Raises:
+            NotReadyError: the head did not answer (or stayed not ready) within ``wait``.
+            DiscoveryError: the head's answers cannot be understood.
+        """
+        head_url = base_url(head, default_port=11000)
+        head_host = split_host_port(head_url)[0]
+        http = session or requests.Session()
+        _wait_for_head(http, head_url, timeout, wait)
+        config = _resolve(_fetch_config(http, head_url, timeout))
+        instances = _fetch_json(http, f"{head_url}/server_instances", timeout)
+        if not isinstance(instances, list):
+            raise DiscoveryError(f"{head_url}/server_instances did not return a list")
+        servers = _servers_from(config, instances, head_host)
+        directory = cls(servers, head_url=head_url, config=config)
+        return directory.with_overrides(overrides or {})
+
+    def with_overrides(self, overrides: Mapping[str, str]) -> ServerDirectory:
+        """A copy where each named instance's URL is replaced."""
+        servers = dict(self._servers)
+        for name, url in overrides.items():
+            if name not in servers:
+                raise ConfigError(
+                    f"override for unknown server {name!r}; known servers: {self._names()}"
+                )
+            servers[name] = attrs.evolve(servers[name], url=base_url(url))
+        return ServerDirectory(servers.values(), head_url=self.head_url, config=self.config)
+
+    # --- lookup ---------------------------------------------------------------------------
+
+    def servers(self, server_type: str | None = None) -> list[ServerInfo]:
+        """All servers, or those of one type, in name order."""
+        return sorted(
+            (s for s in self._servers.values() if server_type in (None, s.server_type)),
+            key=lambda s: s.name,
+        )
+
+    def _urls(self, server_type: str) -> dict[str, str]:
+        return {s.name: s.url for s in self.servers(server_type)}
+
+    @property
+    def agents(self) -> dict[str, str]:
+        """Agent instance name -> base URL."""
+        return self._urls(AGENTS)
+
+    @property
+    def resources_servers(self) -> dict[str, str]:
+        """Resources server instance name -> base URL."""
+        return self._urls(RESOURCES)
+
+    @property
+    def models(self) -> dict[str, str]:
+        """Model server instance name -> base URL."""
+        return self._urls(MODELS)
+
+    def _names(self, server_type: str | None = None) -> str:
+        names = [s.name for s in self.servers(server_type)]
+        return ", ".join(names) if names else "(none)"
+
+    def agent_url(self, name: str) -> str:
+        """Base URL of an agent; ``UnknownAgentError`` names the known agents."""
+        info = self._servers.get(name)
+        if info is None or info.server_type != AGENTS:
+            raise UnknownAgentError(f"no agent named {name!r}; known agents: {self._names(AGENTS)}")
+        return info.url
+
+    def resources_url(self, name: str) -> str:
+        """Base URL of a resources server; ``DiscoveryError`` names the known ones."""
+        info = self._servers.get(name)
+        if info is None or info.server_type != RESOURCES:
+            raise DiscoveryError(
+                f"no resources server named {name!r}; known: {self._names(RESOURCES)}"
+            )
+        return info.url
+
+    def resources_server_of(self, agent: str) -> str | None:
+        """The resources server an agent's config refers to, if the config says."""
+        info = self._servers.get(agent)
+        ref = info.config.get("resources_server") if info is not None else None
+        name = ref.get("name") if isinstance(ref, Mapping) else None
+        return name if isinstance(name, str) else None
+
+    def __repr__(self) -> str:
+        return f"ServerDirectory(head_url={self.head_url!r}, servers=[{self._names()}])"
+
+    # --- readiness --------------------------------------------------------------------------
+
+    def wait_until_ready(
+        self,
+        *,
+        timeout: float,
+        names: Iterable[str] | None = None,
+        interval: float = 0.25,
+        session: requests.Session | None = None,
+    ) -> None:
+        """Poll ``GET /`` of each server until all answer 2xx, or raise ``NotReadyError``.
+
+        The error names every server that is still not ready and why.
+        """
+        wanted = list(names) if names is not None else [s.name for s in self.servers()]
+        missing = [n for n in wanted if n not in self._servers]
+        if missing:
+            raise ConfigError(f"unknown servers {missing}; known servers: {self._names()}")
+        http = session or requests.Session()
+        deadline = time.monotonic() + timeout
+        pending = {n: "not checked yet" for n in wanted}
+        while True:
+            for name in list(pending):
+                url = self._servers[name].url
+                try:
+                    response = http.get(f"{url}/", timeout=min(2.0, timeout))
+                except requests.RequestException as exc:
+                    pending[name] = f"{url}: {type(exc).__name__}"
+                    continue
+                if 200 <= response.status_code < 300:
+                    del pending[name]
+                else:
+                    pending[name] = f"{url}: HTTP {response.status_code}"
+            if not pending or time.monotonic() >= deadline:
+                break
+            time.sleep(interval)
+        if pending:
+            detail = "; ".join(f"{name} ({why})" for name, why in pending.items())
+            raise NotReadyError(f"servers not ready after {timeout:g} s: {detail}")
+
+
+# --- head server helpers ------------------------------------------------------------------
+
+
+def _fetch(http: requests.Session, url: str, timeout: float) -> requests.Response:
+    try:
+        response = http.get(url, timeout=timeout)
+    except requests.RequestException as exc:
+        raise TransportError(f"cannot reach {url}: {exc}") from exc
+    if response.status_code >= 400:
+        raise ServerError(
+            f"{url} answered HTTP {response.status_code}", response.status_code, response.text[:300]
+        )
+    return response
+
+
+def _fetch_json(http: requests.Session, url: str, timeout: float) -> Any:
+    response = _fetch(http, url, timeout)
+    try:
+        return response.json()
+    except ValueError as exc:
+        raise DiscoveryError(f"{url} did not return JSON: {response.text[:200]!r}") from exc
+
+
+def _wait_for_head(http: requests.Session, head_url: str, timeout: float, wait: float) -> None:
+    deadline = time.monotonic() + wait
+    last = "no answer"
+    while True:
+        try:
+            response = http.get(f"{head_url}/readyz", timeout=timeout)
+            if response.status_code < 300 or response.status_code == 404:
+                return
+            last = f"HTTP {response.status_code} {response.text[:100]}"
+        except requests.RequestException as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    raise NotReadyError(f"head server {head_url} not ready after {wait:g} s ({last})")
+
+
+def _fetch_config(http: requests.Session, head_url: str, timeout: float) -> dict[str, Any]:
+    """The global config: YAML text inside a JSON string (sometimes YAML directly)."""
+    url = f"{head_url}/global_config_dict_yaml"
+    text = _fetch(http, url, timeout).text
+    value: Any = text
+    for _ in range(3):  # JSON string -> YAML text -> mapping (tolerate double encoding)
+        if not isinstance(value, str):
+            break
+        try:
+            value = json.loads(value)
+            continue
+        except ValueError:
+            pass
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise DataError(f"{url} is neither JSON nor YAML: {exc}") from exc
+    if not isinstance(value, dict):
+        raise DiscoveryError(f"{url} did not decode to a mapping (got {type(value).__name__})")
+    return value
+
+
+def _lookup(root: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = root
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _resolve(config: dict[str, Any]) -> dict[str, Any]:
+    """Resolve plain ``${a.b}`` references against the config root (others stay as text)."""
+
+    def resolve(value: Any, depth: int = 0) -> Any:
+        if isinstance(value, dict):
+            return {k: resolve(v, depth) for k, v in value.items()}
+        if isinstance(value, list):
+            return [resolve(v, depth) for v in value]
+        if not isinstance(value, str) or depth > 8:
+            return value
+        whole = _INTERPOLATION.fullmatch(value)
+        if whole:
+            target = _lookup(config, whole.group(1))
+            return value if target is None else resolve(target, depth + 1)
+
+        def substitute(match: re.Match[str]) -> str:
+            target = _lookup(config, match.group(1))
+            return (
+                match.group(0)
+                if target is None or isinstance(target, (dict, list))
+                else str(target)
+            )
+
+        return _INTERPOLATION.sub(substitute, value)
+
+    resolved = resolve(config)
+    assert isinstance(resolved, dict)
+    return resolved
+
+
+def _server_blocks(config: Mapping[str, Any]) -> dict[str, tuple[str, str, Mapping[str, Any]]]:
+    """instance name -> (server type, implementation, server config) from the global config."""
+    found: dict[str, tuple[str, str, Mapping[str, Any]]] = {}
+    for name, block in config.items():
+        if not isinstance(block, Mapping):
+            continue
+        for server_type in SERVER_TYPES:
+            inner = block.get(server_type)
+            if isinstance(inner, Mapping):
+                for implementation, server_config in inner.items():
+                    if isinstance(server_config, Mapping):
+                        found[str(name)] = (server_type, str(implementation), server_config)
+    return found
+
+
+def _url(host: str, port: int) -> str:
+    return base_url(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+
+
+def _servers_from(
+    config: Mapping[str, Any], instances: list[Any], head_host: str
+) -> list[ServerInfo]:
+    blocks = _server_blocks(config)
+    servers: dict[str, ServerInfo] = {}
+    for entry in instances:
+        if not isinstance(entry, Mapping):
+            continue
+        name = entry.get("process_name") or entry.get("config_path")
+        host, port = entry.get("host"), entry.get("port")
+        if not isinstance(name, str) or not isinstance(host, str) or not isinstance(port, int):
+            continue
+        server_type, implementation, server_config = blocks.get(
+            name, (str(entry.get("server_type")), str(entry.get("name")), {})
+        )
+        servers[name] = ServerInfo(
+            name=name,
+            server_type=server_type,
+            implementation=implementation,
+            url=_url(routable_host(host, head_host), port),
+            config=server_config,
+        )
+    for name, (server_type, implementation, server_config) in blocks.items():
+        host, port = server_config.get("host", "127.0.0.1"), server_config.get("port")
+        if name in servers or not isinstance(port, int) or not isinstance(host, str):
+            continue
+        servers[name] = ServerInfo(
+            name=name,
+            server_type=server_type,
+            implementation=implementation,
+            url=_url(routable_host(host, head_host), port),
+            config=server_config,
+        )
+    return list(servers.values())

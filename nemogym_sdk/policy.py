@@ -1,0 +1,97 @@
+"""Timeouts, retry policy and sampling parameters for the network clients (pure, no I/O)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from nemogym_sdk.errors import ConfigError
+
+__all__ = ["RetryPolicy", "SamplingParams", "Timeouts"]
+
+
+def _positive(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and not value > 0:
+        raise ConfigError(f"{attribute.name} must be > 0 seconds, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class Timeouts:
+    """Separate deadlines, in seconds, for one request and for a whole batch.
+
+    ``/run`` plays a whole episode and may take minutes; ``/verify`` is short; a
+    connection that cannot be opened in ``connect`` seconds is a connection error (and
+    retried). ``total`` bounds a whole ``run``/``verify`` call: rollouts still pending
+    when it passes come back as ``TIMEOUT`` failures.
+    """
+
+    connect: float = attrs.field(default=10.0, validator=_positive)
+    """Opening a TCP connection."""
+    request: float = attrs.field(default=1800.0, validator=_positive)
+    """One request from send to the end of the body (one attempt)."""
+    total: float | None = attrs.field(default=None, validator=_positive)
+    """A whole batch, retries included; None for no batch deadline."""
+
+
+@attrs.frozen(kw_only=True)
+class RetryPolicy:
+    """Capped exponential backoff with full jitter, on connection errors, 429 and 5xx only.
+
+    The delay before retry ``n`` (1-based) is uniform in ``[0, min(max_delay, base_delay *
+    2**(n-1))]``; a ``Retry-After`` header, when present, sets a floor (still capped).
+    """
+
+    max_attempts: int = 4
+    """Attempts per request, the first included (1 disables retries)."""
+    base_delay: float = 0.25
+    """Backoff scale in seconds."""
+    max_delay: float = 10.0
+    """Cap on one backoff delay in seconds."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ConfigError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if self.base_delay < 0 or self.max_delay < 0:
+            raise ConfigError("retry delays must be >= 0")
+
+    @staticmethod
+    def retryable_status(status: int) -> bool:
+        """Whether an HTTP status is worth retrying (429 and 5xx)."""
+        return status == 429 or 500 <= status <= 599
+
+    def delay(self, retry: int, rng: random.Random, retry_after: float | None = None) -> float:
+        """Seconds to wait before retry number ``retry`` (1-based)."""
+        ceiling = min(self.max_delay, self.base_delay * 2 ** (retry - 1))
+        wait = rng.uniform(0.0, ceiling)
+        if retry_after is not None and retry_after > 0:
+            wait = max(wait, min(retry_after, self.max_delay))
+        return wait
+
+
+@attrs.frozen(kw_only=True)
+class SamplingParams:
+    """Sampling parameters the trainer sets for every rollout.
+
+    Precedence inside each row's ``responses_create_params``: a value set here wins over
+    the row's own value (the learner's logprob correction must match how the sampler
+    sampled); a value left as None keeps the row's value; and a None in the row is
+    dropped, never sent as a value.
+    """
+
+    temperature: float | None = None
+    """Sampling temperature."""
+    top_p: float | None = None
+    """Nucleus sampling mass."""
+    max_output_tokens: int | None = None
+    """Cap on tokens per model call (NeMo Gym's name for ``max_tokens``)."""
+
+    def overrides(self) -> Mapping[str, float | int | None]:
+        """The values as ``responses_create_params`` keys (None means "keep the row's")."""
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_output_tokens": self.max_output_tokens,
+        }

@@ -1,0 +1,174 @@
+"""AgentClient and Verifier basics over real loopback HTTP (faults: test_client_faults.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from nemogym_sdk import (
+    AgentClient,
+    ConfigError,
+    RolloutStatus,
+    SamplingParams,
+    TaskRow,
+    UnknownAgentError,
+    Verifier,
+    VerifyItem,
+)
+from nemogym_sdk.wire import build_response
+from tests.fakes import agent_server, resources_server
+
+
+def _row(i: int, agent: str | None = None, **params: Any) -> TaskRow:
+    data: dict[str, Any] = {"responses_create_params": {"input": f"task {i}", **params}, "i": i}
+    if agent is not None:
+        data["agent_ref"] = {"type": "responses_api_agents", "name": agent}
+    return TaskRow(row_id=f"rows.jsonl:{i}", data=data)
+
+
+def test_run_sync_returns_groups_in_input_order() -> None:
+    """Three rows x two generations come back aabbcc, tagged with row id and repeat index."""
+    with agent_server() as agent, AgentClient({"a": agent.url}) as client:
+        rollouts = client.run_sync([_row(i) for i in range(3)], eos_token_id=2, num_generations=2)
+    assert [(r.row_id, r.repeat_index) for r in rollouts] == [
+        (f"rows.jsonl:{i}", k) for i in range(3) for k in range(2)
+    ]
+    assert all(r.status is RolloutStatus.OK and r.agent_name == "a" for r in rollouts)
+    assert sorted(b["i"] for b in agent.bodies) == [0, 0, 1, 1, 2, 2]
+
+
+def test_sampling_parameters_override_rows_and_nulls_are_not_sent() -> None:
+    """Caller sampling wins, unset caller values keep the row's, None row values are dropped."""
+    row = _row(0, temperature=0.1, top_p=0.3, max_output_tokens=None)
+    sampling = SamplingParams(temperature=1.0, max_output_tokens=32)
+    with agent_server() as agent, AgentClient({"a": agent.url}, sampling=sampling) as client:
+        client.run_sync([row], eos_token_id=2)
+    (body,) = agent.bodies
+    assert body["responses_create_params"] == {
+        "input": "task 0",
+        "temperature": 1.0,
+        "top_p": 0.3,
+        "max_output_tokens": 32,
+    }
+
+
+def test_unknown_agent_fails_before_sending() -> None:
+    """A row naming an undeployed agent raises UnknownAgentError and nothing is sent."""
+    with agent_server() as agent, AgentClient({"a": agent.url, "b": agent.url}) as client:
+        with pytest.raises(UnknownAgentError, match="known agents: a, b"):
+            client.run_sync([_row(0, "a"), _row(1, "zzz")], eos_token_id=2)
+        with pytest.raises(UnknownAgentError, match="no default agent"):
+            client.run_sync([_row(2)], eos_token_id=2)
+        assert agent.bodies == []
+
+
+def test_unknown_default_agent_is_rejected() -> None:
+    """A default agent that does not exist is an error at construction."""
+    with pytest.raises(UnknownAgentError):
+        AgentClient({"a": "127.0.0.1:1"}, default_agent="b")
+
+
+def test_connection_refused_is_a_transport_failure() -> None:
+    """Nothing listening: every rollout comes back TRANSPORT_ERROR in the seed's shape."""
+    from nemogym_sdk import RetryPolicy
+
+    retry = RetryPolicy(max_attempts=2, base_delay=0.001)
+    with AgentClient({"a": "127.0.0.1:9"}, retry=retry) as client:
+        (rollout,) = client.run_sync([_row(0)], eos_token_id=2)
+    assert rollout.status is RolloutStatus.TRANSPORT_ERROR
+    assert rollout.completion_ids.tolist() == [2]
+    assert rollout.error is not None and "after 2 attempts" in rollout.error
+
+
+async def test_async_stream_yields_every_rollout() -> None:
+    """stream() yields each rollout once, as it completes, from the caller's loop."""
+    with agent_server() as agent:
+        async with AgentClient({"a": agent.url}) as client:
+            seen = [r async for r in client.stream([_row(i) for i in range(5)], eos_token_id=2)]
+            again = await client.run([_row(9)], eos_token_id=2)
+    assert sorted(r.row_id for r in seen) == sorted(f"rows.jsonl:{i}" for i in range(5))
+    assert again[0].row_id == "rows.jsonl:9"
+
+
+async def test_client_is_bound_to_one_loop() -> None:
+    """Using an async-bound client from the sync facade is refused with a clear message."""
+    with agent_server() as agent:
+        client = AgentClient({"a": agent.url})
+        await client.run([_row(0)], eos_token_id=2)
+        with pytest.raises(ConfigError, match="async"):
+            await asyncio.to_thread(client.run_sync, [_row(1)], eos_token_id=2)
+        await client.aclose()
+
+
+def test_verifier_seeds_a_session_per_item_and_keeps_the_row() -> None:
+    """Each item gets its own /seed_session cookie on /verify; the row's params are untouched."""
+    tools = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
+    row = {
+        "responses_create_params": {
+            "input": [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}],
+            "tools": tools,
+            "metadata": {"k": "v"},
+        },
+        "expected": "x",
+    }
+    items = [
+        VerifyItem(resources_server="env", row=row, completion=f"answer {i}") for i in range(3)
+    ]
+    with resources_server(reward=0.5, components={"a": 0.25, "b": 0.25}) as env:
+        with Verifier({"env": env.url}) as verifier:
+            results = verifier.verify_sync(items)
+        assert sorted(c["session"] for c in env.cookies) == ["1", "2", "3"]
+        for body in env.bodies:
+            assert body["responses_create_params"] == row["responses_create_params"]
+            assert body["response"]["tools"] == tools
+    assert [r.reward for r in results] == [0.5, 0.5, 0.5]
+    assert results[0].reward_components == {"a": 0.25, "b": 0.25}
+
+
+def test_verifier_unknown_server_is_a_typed_failure() -> None:
+    """An unknown resources server gives an INVALID result naming the known servers."""
+    with Verifier({"env": "127.0.0.1:9"}) as verifier:
+        (result,) = verifier.verify_sync([VerifyItem(resources_server="x", row={}, completion="a")])
+    assert result.status is RolloutStatus.INVALID and result.reward is None
+    assert result.error is not None and "known: env" in result.error
+
+
+@pytest.mark.parametrize(
+    ("completion", "types"),
+    [
+        ("plain", ["message"]),
+        ("<think>hmm</think>answer", ["reasoning", "message"]),
+        ("", ["message"]),
+        (
+            [
+                {
+                    "role": "assistant",
+                    "content": "ok",
+                    "tool_calls": [
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": {"x": 1}},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "{}"},
+            ],
+            ["message", "function_call", "function_call_output"],
+        ),
+        (
+            [{"type": "function_call", "name": "f", "arguments": "{}", "call_id": "c"}],
+            ["function_call"],
+        ),
+    ],
+)
+def test_build_response_shapes(completion: Any, types: list[str]) -> None:
+    """Text, <think> text, chat messages with tool calls and raw items become Responses items."""
+    response = build_response(completion, model="m")
+    assert [item["type"] for item in response["output"]] == types
+    assert response["object"] == "response" and response["model"] == "m"
+    for item in response["output"]:
+        if item["type"] == "function_call":
+            assert isinstance(item["arguments"], str)

@@ -1,0 +1,168 @@
+"""ServerDirectory discovery against a loopback head server with NeMo Gym's answer shapes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import yaml
+from aiohttp import web
+
+from nemogym_sdk import (
+    ConfigError,
+    DiscoveryError,
+    NotReadyError,
+    ServerDirectory,
+    UnknownAgentError,
+)
+from tests.fakes import FakeServer, agent_server, serve
+
+CONFIG = {
+    "policy_base_url": "http://127.0.0.1:8000/v1",
+    "head_server": {"host": "127.0.0.1", "port": 11000},
+    "weather": {
+        "resources_servers": {
+            "example_single_tool_call": {"host": "0.0.0.0", "port": 19001, "domain": "agent"}
+        }
+    },
+    "weather_agent": {
+        "responses_api_agents": {
+            "simple_agent": {
+                "host": "127.0.0.1",
+                "port": 19002,
+                "resources_server": {"type": "resources_servers", "name": "weather"},
+                "model_server": {"type": "responses_api_models", "name": "policy_model"},
+            }
+        }
+    },
+    "policy_model": {
+        "responses_api_models": {
+            "vllm_model": {"host": "127.0.0.1", "port": 19003, "base_url": "${policy_base_url}"}
+        }
+    },
+}
+
+
+def _instances(host: str) -> list[dict[str, Any]]:
+    rows = []
+    for name, port, kind, impl in [
+        ("weather", 19001, "resources_servers", "example_single_tool_call"),
+        ("weather_agent", 19002, "responses_api_agents", "simple_agent"),
+        ("policy_model", 19003, "responses_api_models", "vllm_model"),
+    ]:
+        rows.append(
+            {
+                "process_name": name,
+                "config_path": name,
+                "server_type": kind,
+                "name": impl,
+                "host": host,
+                "port": port,
+                "url": f"http://{host}:{port}",
+                "pid": 1,
+            }
+        )
+    return rows
+
+
+@contextmanager
+def head_server(host: str = "127.0.0.1", ready: bool = True) -> Iterator[FakeServer]:
+    """A head server answering like NeMo Gym's: YAML inside a JSON string."""
+
+    def routes(server: FakeServer) -> list[web.RouteDef]:
+        async def config(request: web.Request) -> web.Response:
+            return web.Response(
+                text=json.dumps(yaml.safe_dump(CONFIG)), content_type="application/json"
+            )
+
+        async def instances(request: web.Request) -> web.Response:
+            return web.json_response(_instances(host))
+
+        async def readyz(request: web.Request) -> web.Response:
+            return web.json_response(
+                {"status": "ok" if ready else "starting"}, status=200 if ready else 503
+            )
+
+        return [
+            web.get("/global_config_dict_yaml", config),
+            web.get("/server_instances", instances),
+            web.get("/readyz", readyz),
+        ]
+
+    with serve(routes) as server:
+        yield server
+
+
+def test_discovers_servers_by_instance_name() -> None:
+    """Agents, resources servers and models come back keyed by their top-level names."""
+    with head_server() as head:
+        directory = ServerDirectory.from_head(head.url)
+    assert directory.agents == {"weather_agent": "http://127.0.0.1:19002"}
+    assert directory.resources_servers == {"weather": "http://127.0.0.1:19001"}
+    assert directory.models == {"policy_model": "http://127.0.0.1:19003"}
+    assert directory.resources_server_of("weather_agent") == "weather"
+    assert directory.head_url == head.url
+
+
+def test_interpolations_resolve_against_the_config() -> None:
+    """${policy_base_url} in a server config is resolved from the top-level key."""
+    with head_server() as head:
+        directory = ServerDirectory.from_head(head.url)
+    (model,) = directory.servers("responses_api_models")
+    assert model.config["base_url"] == "http://127.0.0.1:8000/v1"
+
+
+def test_remote_head_rewrites_loopback_and_wildcard_hosts() -> None:
+    """Servers of a head reached as 'localhost' stay local; a remote head's loopback is rewritten.
+
+    The head is reached on 127.0.0.1 here, so we check the rewrite on a directory built
+    from the same answers as seen from a remote head host.
+    """
+    from nemogym_sdk.directory import _servers_from
+
+    servers = _servers_from(CONFIG, _instances("0.0.0.0"), head_host="10.1.2.3")
+    assert {s.name: s.url for s in servers}["weather"] == "http://10.1.2.3:19001"
+    local = _servers_from(CONFIG, _instances("0.0.0.0"), head_host="127.0.0.1")
+    assert {s.name: s.url for s in local}["weather"] == "http://127.0.0.1:19001"
+
+
+def test_overrides_replace_urls_and_reject_unknown_names() -> None:
+    """An override swaps one server's URL; an unknown name is a ConfigError."""
+    with head_server() as head:
+        directory = ServerDirectory.from_head(head.url, overrides={"weather_agent": "gpu-box:7000"})
+        assert directory.agents == {"weather_agent": "http://gpu-box:7000"}
+        with pytest.raises(ConfigError, match="known servers"):
+            ServerDirectory.from_head(head.url, overrides={"nope": "h:1"})
+
+
+def test_unknown_agent_error_names_known_agents() -> None:
+    """Looking up an unknown agent raises UnknownAgentError listing the known ones."""
+    directory = ServerDirectory.from_urls(agents={"a": "h:1", "b": "h:2"})
+    with pytest.raises(UnknownAgentError, match="known agents: a, b"):
+        directory.agent_url("c")
+    with pytest.raises(DiscoveryError):
+        directory.resources_url("a")
+
+
+def test_head_not_ready_times_out_with_reason() -> None:
+    """A head that keeps answering 503 raises NotReadyError after the wait."""
+    with head_server(ready=False) as head, pytest.raises(NotReadyError, match="HTTP 503"):
+        ServerDirectory.from_head(head.url, wait=0.6)
+
+
+def test_unreachable_head_raises_not_ready() -> None:
+    """Nothing listening: NotReadyError names the head URL."""
+    with pytest.raises(NotReadyError, match=r"127\.0\.0\.1:9"):
+        ServerDirectory.from_head("127.0.0.1:9", wait=0.0, timeout=0.5)
+
+
+def test_wait_until_ready_names_missing_servers() -> None:
+    """Readiness polls each server and names the ones that never answered."""
+    with agent_server() as live:
+        directory = ServerDirectory.from_urls(agents={"live": live.url, "dead": "127.0.0.1:9"})
+        directory.wait_until_ready(timeout=2.0, names=["live"])
+        with pytest.raises(NotReadyError, match=r"dead \(http://127.0.0.1:9"):
+            directory.wait_until_ready(timeout=0.5)
