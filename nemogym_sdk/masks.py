@@ -70,24 +70,19 @@ class Completion:
 
 
 class CompletionBuilder:
-    """Collects model and environment segments, then concatenates them once."""
+    """Collects model and environment segments, then writes them into arrays once."""
 
-    __slots__ = ("_ids", "_length", "_logprobs", "_mask")
+    __slots__ = ("_length", "_segments")
 
     def __init__(self) -> None:
-        self._ids: list[npt.NDArray[np.int64]] = []
-        self._mask: list[npt.NDArray[np.int8]] = []
-        self._logprobs: list[npt.NDArray[np.float64]] = []
+        # (ids, logprobs) per segment; logprobs None marks an environment segment
+        self._segments: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64] | None]] = []
         self._length = 0
 
     def __len__(self) -> int:
         return self._length
 
-    def add_model(
-        self,
-        ids: npt.ArrayLike,
-        logprobs: npt.ArrayLike,
-    ) -> None:
+    def add_model(self, ids: npt.ArrayLike, logprobs: npt.ArrayLike) -> None:
         """Append tokens the policy generated, with one sampling logprob per token.
 
         Raises ``ValueError`` when the counts differ: a missing logprob is never
@@ -100,39 +95,35 @@ class CompletionBuilder:
                 f"{logprobs_T.size} logprobs for {ids_T.size} generated tokens; "
                 "each generated token needs exactly one logprob"
             )
-        self._append(ids_T, np.ones(ids_T.shape[0], dtype=np.int8), logprobs_T)
+        self._append(ids_T, logprobs_T)
 
     def add_env(self, ids: npt.ArrayLike | Sequence[int]) -> None:
         """Append environment tokens (mask 0, logprob 0.0)."""
         ids_T = np.asarray(ids, dtype=np.int64)
         if ids_T.ndim != 1:
             raise ValueError(f"expected a 1-D sequence of ids, got shape {ids_T.shape}")
-        n = ids_T.shape[0]
-        self._append(ids_T, np.zeros(n, dtype=np.int8), np.zeros(n, dtype=np.float64))
+        self._append(ids_T, None)
 
     def _append(
-        self,
-        ids_T: npt.NDArray[np.int64],
-        mask_T: npt.NDArray[np.int8],
-        logprobs_T: npt.NDArray[np.float64],
+        self, ids_T: npt.NDArray[np.int64], logprobs_T: npt.NDArray[np.float64] | None
     ) -> None:
-        if ids_T.shape[0] == 0:
-            return
-        self._ids.append(ids_T)
-        self._mask.append(mask_T)
-        self._logprobs.append(logprobs_T)
-        self._length += int(ids_T.shape[0])
+        if ids_T.shape[0]:
+            self._segments.append((ids_T, logprobs_T))
+            self._length += int(ids_T.shape[0])
 
     def build(self) -> Completion:
         """The completion assembled so far (the builder can keep growing afterwards)."""
-        if not self._ids:
-            return Completion(
-                ids=_frozen(np.zeros(0, dtype=np.int64)),
-                env_mask=_frozen(np.zeros(0, dtype=np.int8)),
-                logprobs=_frozen(np.zeros(0, dtype=np.float64)),
-            )
+        ids_T = np.empty(self._length, dtype=np.int64)
+        mask_T = np.zeros(self._length, dtype=np.int8)
+        logprobs_T = np.zeros(self._length, dtype=np.float64)
+        start = 0
+        for segment_ids, segment_logprobs in self._segments:
+            stop = start + segment_ids.shape[0]
+            ids_T[start:stop] = segment_ids
+            if segment_logprobs is not None:
+                mask_T[start:stop] = 1
+                logprobs_T[start:stop] = segment_logprobs
+            start = stop
         return Completion(
-            ids=_frozen(np.concatenate(self._ids)),
-            env_mask=_frozen(np.concatenate(self._mask)),
-            logprobs=_frozen(np.concatenate(self._logprobs)),
+            ids=_frozen(ids_T), env_mask=_frozen(mask_T), logprobs=_frozen(logprobs_T)
         )

@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from nemogym_sdk.errors import ConfigError, DriftError
-from nemogym_sdk.masks import Completion, CompletionBuilder
+from nemogym_sdk.masks import CompletionBuilder
 from nemogym_sdk.records import DriftPolicy, DriftReport, Rollout, RolloutStatus
 from nemogym_sdk.wire import ModelTurn, RunResult, decode_run_result
 
@@ -42,6 +42,7 @@ Decode = Callable[[Sequence[int]], str]
 """Turns token ids into text, e.g. ``tokenizer.decode``; used for drift reports."""
 
 _DRIFT_WINDOW = 16
+_ID_BYTES = 8  # token ids travel as int64
 
 
 def parse_agent_response(
@@ -142,16 +143,17 @@ def _failure(result: RunResult, eos: int) -> Rollout | None:
 
 def _turn_problem(number: int, turn: ModelTurn) -> str | None:
     where = f"model turn {number} (output item {turn.output_index})"
-    if turn.prompt_ids is None:
+    if turn.prompt is None:
         return f"{where}: prompt_token_ids is missing or not an array of integers"
-    if number == 0 and turn.prompt_ids.shape[0] == 0:
+    if number == 0 and not turn.prompt:
         return f"{where}: prompt_token_ids is empty"
     if turn.logprobs is None:
         return f"{where}: generation_log_probs is missing or not an array of finite numbers"
-    if turn.logprobs.shape[0] != turn.generation_ids.shape[0]:
+    n_generated = len(turn.generation) // _ID_BYTES
+    if turn.logprobs.shape[0] != n_generated:
         return (
             f"{where}: {turn.logprobs.shape[0]} generation_log_probs for "
-            f"{turn.generation_ids.shape[0]} generation_token_ids"
+            f"{n_generated} generation_token_ids"
         )
     return None
 
@@ -174,25 +176,25 @@ def _stitch(
     decode: Decode | None,
 ) -> Rollout:
     turns = result.turns
-    first = turns[0]
-    assert first.prompt_ids is not None and first.logprobs is not None  # _turn_problem
-    segments = [_Segment(prompt_ids=first.prompt_ids)]
-    segments[0].builder.add_model(first.generation_ids, first.logprobs)
-    segments[0].num_turns = 1
+    segments: list[_Segment] = []
     drift: DriftReport | None = None
-    previous = first
-    for number, turn in enumerate(turns[1:], start=1):
-        assert turn.prompt_ids is not None and turn.logprobs is not None
-        history = _history_length(previous, turn.prompt_ids)
-        if history is None:
-            drift = _drift_report(number, previous, turn, decode)
-            if policy is DriftPolicy.RAISE:
-                raise DriftError(str(drift))
-            if policy is DriftPolicy.MARK:
-                break
-            segments.append(_Segment(prompt_ids=turn.prompt_ids, drift=drift))
+    previous: ModelTurn | None = None
+    for number, turn in enumerate(turns):
+        prompt_ids = turn.prompt_ids
+        assert prompt_ids is not None and turn.logprobs is not None  # _turn_problem
+        if previous is None:
+            segments.append(_Segment(prompt_ids=prompt_ids))
         else:
-            segments[-1].builder.add_env(turn.prompt_ids[history:])
+            history = _history_bytes(previous, turn)
+            if history is None:
+                drift = _drift_report(number, previous, turn, decode)
+                if policy is DriftPolicy.RAISE:
+                    raise DriftError(str(drift))
+                if policy is DriftPolicy.MARK:
+                    break
+                segments.append(_Segment(prompt_ids=prompt_ids, drift=drift))
+            else:
+                segments[-1].builder.add_env(prompt_ids[history // _ID_BYTES :])
         segments[-1].builder.add_model(turn.generation_ids, turn.logprobs)
         segments[-1].num_turns += 1
         previous = turn
@@ -201,39 +203,42 @@ def _stitch(
     error = "the environment set mask_sample: true" if result.mask_sample else None
     if policy is DriftPolicy.MARK and drift is not None:
         status, error = RolloutStatus.DRIFT, str(drift)
-    samples = [
-        _to_rollout(segment, segment.builder.build().truncate(max_completion_length))
-        for segment in segments
-    ]
     reward = result.reward if result.reward is not None else 0.0
 
-    def finish(sample: Rollout, **extra: Any) -> Rollout:
-        return attrs.evolve(
-            sample,
+    def finish(segment: _Segment, **extra: Any) -> Rollout:
+        completion = segment.builder.build().truncate(max_completion_length)
+        return Rollout(
+            prompt_ids=segment.prompt_ids,
+            completion_ids=completion.ids,
+            env_mask=completion.env_mask,
+            logprobs=completion.logprobs,
             reward=reward,
+            num_turns=segment.num_turns,
             status=status,
             error=error,
             reward_components=result.reward_components,
+            truncated=completion.truncated,
             **extra,
         )
 
-    forks = tuple(finish(s) for s in samples[1:])
+    forks = tuple(finish(segment, drift=segment.drift) for segment in segments[1:])
     first_drift = drift if policy is DriftPolicy.MARK else None
-    return finish(samples[0], forks=forks, drift=first_drift)
+    return finish(segments[0], forks=forks, drift=first_drift)
 
 
-def _history_length(previous: ModelTurn, prompt_ids: npt.NDArray[np.int64]) -> int | None:
-    """Length of the history if ``prompt_ids`` extends it, else None (drift)."""
-    assert previous.prompt_ids is not None
-    n_prompt = previous.prompt_ids.shape[0]
-    n_history = n_prompt + previous.generation_ids.shape[0]
-    if prompt_ids.shape[0] < n_history:
+def _history_bytes(previous: ModelTurn, turn: ModelTurn) -> int | None:
+    """Byte length of the history if ``turn``'s prompt extends it, else None (drift).
+
+    The history is the previous prompt followed by the previous generation; both
+    checks are ``bytes.startswith`` on the raw int64 buffers (a memcmp, no copy).
+    """
+    assert previous.prompt is not None and turn.prompt is not None
+    n_prompt = len(previous.prompt)
+    if not turn.prompt.startswith(previous.prompt):
         return None
-    if not np.array_equal(prompt_ids[:n_prompt], previous.prompt_ids):
+    if not turn.prompt.startswith(previous.generation, n_prompt):
         return None
-    if not np.array_equal(prompt_ids[n_prompt:n_history], previous.generation_ids):
-        return None
-    return int(n_history)
+    return n_prompt + len(previous.generation)
 
 
 def _drift_report(
@@ -265,17 +270,4 @@ def _drift_report(
         received=received,
         expected_text=expected_text,
         received_text=received_text,
-    )
-
-
-def _to_rollout(segment: _Segment, completion: Completion) -> Rollout:
-    return Rollout(
-        prompt_ids=segment.prompt_ids,
-        completion_ids=completion.ids,
-        env_mask=completion.env_mask,
-        logprobs=completion.logprobs,
-        reward=0.0,
-        num_turns=segment.num_turns,
-        truncated=completion.truncated,
-        drift=segment.drift,
     )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -43,18 +44,35 @@ OUTPUT_TEXT = "output_text"
 TEXT = "text"
 
 
+_INT64 = np.dtype(np.int64)
+
+
 @attrs.frozen(kw_only=True, eq=False)
 class ModelTurn:
-    """One model call's token data, from the output item that carries it."""
+    """One model call's token data, from the output item that carries it.
+
+    Token ids are kept as raw native ``int64`` bytes: prefix checks are then a
+    ``bytes.startswith`` (a memcmp, no copy), and arrays are zero-copy views.
+    """
 
     output_index: int
     """Index of the item in ``response.output``."""
-    prompt_ids: npt.NDArray[np.int64] | None
-    """``prompt_token_ids``; None when missing or malformed."""
-    generation_ids: npt.NDArray[np.int64]
-    """``generation_token_ids`` (non-empty)."""
+    prompt: bytes | None
+    """``prompt_token_ids`` as int64 bytes; None when missing or malformed."""
+    generation: bytes
+    """``generation_token_ids`` as int64 bytes (non-empty)."""
     logprobs: npt.NDArray[np.float64] | None
     """``generation_log_probs``; None when missing or malformed."""
+
+    @property
+    def prompt_ids(self) -> npt.NDArray[np.int64] | None:
+        """``prompt_token_ids`` as a read-only array (a view of ``prompt``)."""
+        return None if self.prompt is None else np.frombuffer(self.prompt, dtype=_INT64)
+
+    @property
+    def generation_ids(self) -> npt.NDArray[np.int64]:
+        """``generation_token_ids`` as a read-only array (a view of ``generation``)."""
+        return np.frombuffer(self.generation, dtype=_INT64)
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -86,35 +104,59 @@ def decode_run_result(response: bytes | bytearray | memoryview | str | Any) -> R
     return _walk(response)
 
 
+_PARSERS = threading.local()
+
+
+def _parser() -> Any:
+    """This thread's simdjson parser: reusing one keeps its buffers (allocating a parser
+    per document costs as much as a third of the parse)."""
+    parser = getattr(_PARSERS, "parser", None)
+    if parser is None:
+        parser = _PARSERS.parser = simdjson.Parser()
+    return parser
+
+
 def _decode_json(raw: bytes | bytearray | memoryview | str) -> RunResult:
     data = raw.encode() if isinstance(raw, str) else bytes(raw)
     try:
-        document = simdjson.Parser().parse(data)
+        try:
+            document = _parser().parse(data)
+        except RuntimeError:  # a proxy of the previous document is still alive somewhere
+            document = simdjson.Parser().parse(data)
     except (ValueError, RuntimeError, UnicodeDecodeError) as exc:
         return RunResult(invalid=f"the response is not valid JSON ({exc})")
-    return _walk(document)
+    try:
+        return _walk(document)
+    finally:
+        del document  # release the parser for the next document
 
 
 # --- the walk, shared by dicts and simdjson proxies --------------------------------------
 
 
 def _is_object(value: Any) -> bool:
-    return isinstance(value, (Mapping, simdjson.Object))
+    return type(value) is simdjson.Object or isinstance(value, Mapping)
 
 
 def _is_array(value: Any) -> bool:
-    return isinstance(value, (list, tuple, simdjson.Array))
+    return type(value) in (simdjson.Array, list, tuple)
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return type(value) in (int, float)
 
 
-def _int_array(value: Any) -> npt.NDArray[np.int64] | None:
-    """A 1-D int64 array from a JSON array of integers, or None if it is anything else."""
+def _int_bytes(value: Any) -> bytes | None:
+    """A JSON array of integers as native int64 bytes, or None if it is anything else."""
+    if type(value) is simdjson.Array:
+        try:
+            raw = bytes(value.as_buffer(of_type="i"))
+        except (TypeError, ValueError):
+            return None
+        return raw if _flat(value, len(raw) // 8) else None
     if isinstance(value, (list, tuple)):
         if not value:
-            return np.zeros(0, dtype=np.int64)
+            return b""
         if any(v is True or v is False for v in value):
             return None
         try:
@@ -123,56 +165,41 @@ def _int_array(value: Any) -> npt.NDArray[np.int64] | None:
             return None
         if array.ndim != 1 or array.dtype.kind not in "iu":
             return None
-        return array.astype(np.int64, copy=False)
-    if isinstance(value, simdjson.Array):
-        try:
-            buffer = value.as_buffer(of_type="i")
-        except (TypeError, ValueError):
+        if array.dtype.kind == "u" and array.max() > np.iinfo(np.int64).max:
             return None
-        array = np.frombuffer(buffer, dtype=np.int64)
-        return array if _flat(value, array) else None
+        return array.astype(_INT64, copy=False).tobytes()
     return None
 
 
 def _float_array(value: Any) -> npt.NDArray[np.float64] | None:
-    """A 1-D float64 array from a JSON array of numbers, or None if it is anything else."""
+    """A 1-D float64 array from a JSON array of finite numbers, or None otherwise."""
+    if type(value) is simdjson.Array:
+        try:
+            array = np.frombuffer(value.as_buffer(of_type="d"), dtype=np.float64)
+        except (TypeError, ValueError):  # e.g. booleans mixed in
+            return None
+        # simdjson rejects NaN, Infinity and out-of-range numbers: no finiteness check.
+        return array if _flat(value, array.shape[0]) else None
     if isinstance(value, (list, tuple)):
         if not value:
             return np.zeros(0, dtype=np.float64)
-        if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in value):
+        if any(type(v) not in (int, float) for v in value):
             return None
         array = np.asarray(value, dtype=np.float64)
-    elif isinstance(value, simdjson.Array):
-        try:
-            array = np.frombuffer(value.as_buffer(of_type="d"), dtype=np.float64)
-        except (TypeError, ValueError):
-            return _float_array(_to_list(value))
-        if not _flat(value, array):
-            return None
-    else:
-        return None
-    return array if bool(np.isfinite(array).all()) else None
+        return array if bool(np.isfinite(array).all()) else None
+    return None
 
 
-def _flat(value: Any, array: npt.NDArray[Any]) -> bool:
+def _flat(value: Any, count: int) -> bool:
     """Whether ``as_buffer`` read a flat array (it silently flattens nested ones).
 
-    A nested array almost always changes the element count; checking the first and
-    last elements as well catches ``[[1], [2]]``-shaped data in O(1). Checking every
-    element would cost as much as decoding into Python objects.
+    A nested array almost always changes the element count; checking the first
+    element as well catches ``[[1], [2]]``-shaped data in O(1). (simdjson indexes
+    arrays in linear time, so checking every or the last element would cost as much as
+    decoding the array into Python objects.)
     """
     n = len(value)
-    if array.shape[0] != n:
-        return False
-    return n == 0 or not (
-        isinstance(value[0], simdjson.Array) or isinstance(value[n - 1], simdjson.Array)
-    )
-
-
-def _to_list(array: Any) -> list[Any] | None:
-    """Plain list of an array's scalar items (mixed int/float arrays), None if nested."""
-    items = list(array)
-    return None if any(_is_array(v) or _is_object(v) for v in items) else items
+    return count == n and (n == 0 or type(value[0]) is not simdjson.Array)
 
 
 def _has_text(content: Any) -> bool:
@@ -236,19 +263,19 @@ def _walk(top: Any) -> RunResult:
         raw_generation = item.get(GENERATION_TOKEN_IDS)
         if raw_generation is None:
             continue
-        generation = _int_array(raw_generation)
+        generation = _int_bytes(raw_generation)
         if generation is None:
             return RunResult(
                 invalid=f"output item {index}: generation_token_ids is not an array of integers",
                 **common,
             )
-        if generation.shape[0] == 0:
+        if not generation:
             continue
         turns.append(
             ModelTurn(
                 output_index=index,
-                prompt_ids=_int_array(item.get(PROMPT_TOKEN_IDS)),
-                generation_ids=generation,
+                prompt=_int_bytes(item.get(PROMPT_TOKEN_IDS)),
+                generation=generation,
                 logprobs=_float_array(item.get(GENERATION_LOG_PROBS)),
             )
         )
