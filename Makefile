@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 # CPU build of torch: pinned here so a fresh machine does not pull a multi-GB CUDA build.
 # GPU users install their own torch before `pip install nemogym-sdk[serve]`.
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= dev
+EXTRAS ?= dev,serve
 # core and network layer: every module at the package root (subpackages have their own checks)
 CORE := $(wildcard nemogym_sdk/*.py)
 

@@ -1,0 +1,136 @@
+"""Command line: ``python -m nemogym_sdk.serve`` (also installed as ``nemogym-serve``).
+
+Heavy imports (torch, transformers) happen only after the arguments are parsed, so ``--help``
+stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nemogym_sdk.serve.engine import ServeEngine
+
+__all__ = ["build_parser", "main"]
+
+logger = logging.getLogger("nemogym_sdk.serve")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser of the CLI."""
+    parser = argparse.ArgumentParser(
+        prog="python -m nemogym_sdk.serve",
+        description=(
+            "OpenAI/vLLM-compatible CPU model server for NeMo Gym's vllm_model: token ids, "
+            "logprobs, the on-policy prefix splice, and vLLM's runtime LoRA routes."
+        ),
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free)")
+    parser.add_argument(
+        "--model", default=None, help="local model directory (default: the built-in tiny model)"
+    )
+    parser.add_argument(
+        "--served-model-name",
+        default=None,
+        help="model name clients send (default: nemogym-tiny, or the --model path)",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=("scripted", "sample"),
+        default="scripted",
+        help="scripted: tool calls then an answer, scored by the model; sample: real sampling",
+    )
+    parser.add_argument(
+        "--scripted-tool-turns",
+        type=int,
+        default=2,
+        help="scripted mode: how many assistant turns call a tool before answering (default 2)",
+    )
+    parser.add_argument(
+        "--scripted-answer", default=None, help="scripted mode: the final text answer"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the tiny model's weights and of sampling"
+    )
+    parser.add_argument(
+        "--max-model-len", type=int, default=None, help="context window (default: from config)"
+    )
+    parser.add_argument(
+        "--save-tiny",
+        metavar="DIR",
+        default=None,
+        help="save the tiny model and tokenizer to DIR (loadable with --model) and exit",
+    )
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    return parser
+
+
+async def _serve(engine: ServeEngine, host: str, port: int) -> None:
+    from nemogym_sdk.serve.app import start_server
+
+    server = await start_server(engine, host=host, port=port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    print(
+        f"nemogym_sdk.serve ready: model={engine.served_model_name} mode={engine.mode} "
+        f"base_url={server.base_url}",
+        flush=True,
+    )
+    try:
+        await stop.wait()
+    finally:
+        logger.info("shutting down")
+        await server.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; return the process exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        if args.save_tiny is not None:
+            from nemogym_sdk.serve.tiny import save_tiny
+
+            print(
+                f"saved the tiny model to {save_tiny(args.save_tiny, seed=args.seed)}", flush=True
+            )
+            return 0
+        from nemogym_sdk.serve.backend import CausalLMBackend
+        from nemogym_sdk.serve.engine import DEFAULT_SCRIPTED_ANSWER, ServeEngine
+        from nemogym_sdk.serve.tiny import TINY_MODEL_NAME
+
+        if args.model is None:
+            backend = CausalLMBackend.tiny(args.seed)
+            if args.max_model_len is not None:
+                backend.max_model_len = args.max_model_len
+        else:
+            backend = CausalLMBackend.from_pretrained(args.model, max_model_len=args.max_model_len)
+        engine = ServeEngine(
+            backend,
+            served_model_name=args.served_model_name
+            or (TINY_MODEL_NAME if args.model is None else args.model),
+            mode=args.mode,
+            scripted_tool_turns=args.scripted_tool_turns,
+            scripted_answer=args.scripted_answer or DEFAULT_SCRIPTED_ANSWER,
+            seed=args.seed,
+        )
+    except (ImportError, OSError, ValueError) as error:
+        print(f"nemogym_sdk.serve: error: {error}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    asyncio.run(_serve(engine, args.host, args.port))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,244 @@
+"""The aiohttp application (vLLM's routes) and ways to run it: async, or in a background thread.
+
+Model work is serialized: one ``asyncio.Lock`` plus a one-thread executor, so the event loop
+stays free to answer ``/health`` and ``/v1/models`` while a request generates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import attrs
+from aiohttp import web
+
+from nemogym_sdk.serve.engine import ServeEngine
+from nemogym_sdk.serve.errors import BadRequestError, ServeError, error_body
+
+__all__ = ["RunningServer", "ServerThread", "create_app", "start_server"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+ENGINE_KEY = web.AppKey("nemogym_serve_engine", ServeEngine)
+_MAX_BODY = 512 * 1024 * 1024  # multi-turn token histories are large
+ROUTES: dict[str, tuple[str, ...]] = {
+    "/health": ("get",),
+    "/v1/models": ("get",),
+    "/v1/chat/completions": ("post",),
+    "/tokenize": ("post",),
+    "/v1/load_lora_adapter": ("post",),
+    "/v1/unload_lora_adapter": ("post",),
+    "/openapi.json": ("get",),
+}
+
+
+class _Worker:
+    """Runs model calls one at a time on a dedicated thread."""
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nemogym-serve")
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        async with self.lock:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+
+WORKER_KEY = web.AppKey("nemogym_serve_worker", _Worker)
+
+
+@web.middleware
+async def _errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ServeError as error:
+        return web.json_response(error_body(error), status=error.status)
+    except web.HTTPException:
+        raise
+    except Exception as error:  # answer 500 instead of dropping the connection
+        logger.exception("internal error on %s %s", request.method, request.path)
+        failure = ServeError(f"{type(error).__name__}: {error}")
+        return web.json_response(error_body(failure), status=500)
+
+
+async def _body(request: web.Request) -> Any:
+    try:
+        return await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise BadRequestError(f"The request body is not valid JSON: {error}") from error
+
+
+async def _health(request: web.Request) -> web.StreamResponse:
+    return web.Response(status=200)
+
+
+async def _models(request: web.Request) -> web.StreamResponse:
+    return web.json_response(request.app[ENGINE_KEY].list_models())
+
+
+async def _openapi(request: web.Request) -> web.StreamResponse:
+    paths: dict[str, dict[str, dict[str, Any]]] = {
+        path: {method: {} for method in methods} for path, methods in ROUTES.items()
+    }
+    info = {"title": "nemogym_sdk.serve", "version": "0.1.0"}
+    return web.json_response({"openapi": "3.1.0", "info": info, "paths": paths})
+
+
+async def _chat(request: web.Request) -> web.StreamResponse:
+    engine, body = request.app[ENGINE_KEY], await _body(request)
+    return web.json_response(await request.app[WORKER_KEY].run(engine.chat, body))
+
+
+async def _tokenize(request: web.Request) -> web.StreamResponse:
+    engine, body = request.app[ENGINE_KEY], await _body(request)
+    return web.json_response(await request.app[WORKER_KEY].run(engine.tokenize, body))
+
+
+async def _load_lora(request: web.Request) -> web.StreamResponse:
+    engine, body = request.app[ENGINE_KEY], await _body(request)
+    return web.Response(text=await request.app[WORKER_KEY].run(engine.load_lora, body))
+
+
+async def _unload_lora(request: web.Request) -> web.StreamResponse:
+    engine, body = request.app[ENGINE_KEY], await _body(request)
+    return web.Response(text=await request.app[WORKER_KEY].run(engine.unload_lora, body))
+
+
+def create_app(engine: ServeEngine) -> web.Application:
+    """Return the aiohttp application serving ``engine`` on vLLM's routes."""
+    app = web.Application(middlewares=[_errors], client_max_size=_MAX_BODY)
+    worker = _Worker()
+    app[ENGINE_KEY] = engine
+    app[WORKER_KEY] = worker
+    app.router.add_get("/health", _health)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/openapi.json", _openapi)
+    app.router.add_post("/v1/chat/completions", _chat)
+    app.router.add_post("/tokenize", _tokenize)
+    app.router.add_post("/v1/load_lora_adapter", _load_lora)
+    app.router.add_post("/v1/unload_lora_adapter", _unload_lora)
+
+    async def _shutdown(app: web.Application) -> None:
+        worker.executor.shutdown(wait=True)
+
+    app.on_cleanup.append(_shutdown)
+    return app
+
+
+@attrs.define(kw_only=True)
+class RunningServer:
+    """A server listening on the current event loop; ``await close()`` to stop it."""
+
+    runner: web.AppRunner
+    """The aiohttp runner."""
+    host: str
+    """Bound host."""
+    port: int
+    """Bound port (the real one when 0 was asked)."""
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` (the root, where ``/tokenize`` lives)."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port/v1`` (what NeMo Gym's ``vllm_model`` takes as ``base_url``)."""
+        return f"{self.url}/v1"
+
+    async def close(self) -> None:
+        """Stop listening and release the worker thread."""
+        await self.runner.cleanup()
+
+
+async def start_server(
+    engine: ServeEngine, *, host: str = "127.0.0.1", port: int = 0
+) -> RunningServer:
+    """Start serving ``engine`` on ``host:port`` (0 = a free port) on the running loop."""
+    runner = web.AppRunner(create_app(engine), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = int(runner.addresses[0][1]) if runner.addresses else port
+    return RunningServer(runner=runner, host=host, port=bound)
+
+
+class ServerThread:
+    """Run the server on its own event loop in a daemon thread (for tests and notebooks).
+
+    Use as a context manager, or call `start` and `stop`::
+
+        with ServerThread(engine) as server:
+            requests.post(f"{server.base_url}/chat/completions", json=...)
+    """
+
+    def __init__(self, engine: ServeEngine, *, host: str = "127.0.0.1", port: int = 0) -> None:
+        """Prepare (not start) a server for ``engine``."""
+        self.engine = engine
+        self.host = host
+        self.port = port
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: RunningServer | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        """``http://host:port``."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port/v1``."""
+        return f"{self.url}/v1"
+
+    def start(self, timeout: float = 30.0) -> ServerThread:
+        """Start the thread and wait until the socket is listening."""
+        self._thread = threading.Thread(target=self._run, name="nemogym-serve-loop", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError("nemogym_sdk.serve did not start in time")
+        if self._error is not None:
+            raise RuntimeError("nemogym_sdk.serve failed to start") from self._error
+        return self
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            self._server = loop.run_until_complete(
+                start_server(self.engine, host=self.host, port=self.port)
+            )
+            self.port = self._server.port
+        except Exception as error:  # noqa: BLE001 - re-raised in the starting thread
+            self._error = error
+            self._ready.set()
+            loop.close()
+            return
+        self._ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.run_until_complete(self._server.close())
+            loop.close()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the server and join the thread."""
+        if self._loop is not None and self._thread is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout)
+
+    def __enter__(self) -> ServerThread:
+        return self.start() if self._thread is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,404 @@
+"""Transformers causal-LM backend: render prompts, sample with logprobs, score forced tokens, LoRA.
+
+Not thread-safe: the HTTP layer runs every call on one worker thread, one request at a time.
+Logprobs are the model's raw log-softmax over the vocabulary (vLLM's default ``raw_logprobs``
+mode), whatever the temperature or top-p used to pick the token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from nemogym_sdk.serve._deps import require_serve_deps
+
+require_serve_deps()
+
+import torch  # noqa: E402
+from jinja2 import TemplateError  # noqa: E402
+
+from nemogym_sdk.serve.chat import build_prompt_ids  # noqa: E402
+from nemogym_sdk.serve.errors import BadRequestError, NotFoundError  # noqa: E402
+from nemogym_sdk.serve.protocol import SamplingParams, TokenLogprob  # noqa: E402
+
+__all__ = ["CausalLMBackend", "Generation"]
+
+logger = logging.getLogger(__name__)
+
+
+@attrs.frozen(kw_only=True)
+class Generation:
+    """What one model call produced."""
+
+    tokens: tuple[TokenLogprob, ...]
+    """Generated tokens with their logprobs, EOS included when the model stopped on it."""
+    finish_reason: str
+    """``"stop"`` or ``"length"``."""
+    stop_reason: str | int | None = None
+    """The stop string or stop token id that ended generation (``None`` for EOS or length)."""
+    text_end: int | None = None
+    """Cut the decoded text here (a stop string begins there); ``None`` = keep all."""
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The generated token ids."""
+        return [t.token_id for t in self.tokens]
+
+
+class CausalLMBackend:
+    """One causal LM and its tokenizer, plus named LoRA adapters (PEFT)."""
+
+    def __init__(
+        self, model: Any, tokenizer: Any, *, name_or_path: str, max_model_len: int | None = None
+    ) -> None:
+        """Wrap a loaded ``transformers`` model (eval mode) and fast tokenizer."""
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError(f"The tokenizer of {name_or_path} has no chat template.")
+        self.model: Any = model.eval()
+        self.tokenizer: Any = tokenizer
+        self.name_or_path = name_or_path
+        config = model.config
+        self.vocab_size: int = int(config.vocab_size)
+        self.max_model_len: int = int(
+            max_model_len or getattr(config, "max_position_embeddings", None) or 2048
+        )
+        eos: set[int] = set()
+        generation_config = getattr(model, "generation_config", None)
+        for source in (tokenizer.eos_token_id, getattr(generation_config, "eos_token_id", None)):
+            if isinstance(source, int):
+                eos.add(source)
+            elif isinstance(source, list):
+                eos.update(t for t in source if isinstance(t, int))
+        if not eos:
+            raise ValueError(f"{name_or_path} defines no EOS token id.")
+        self.eos_token_ids: frozenset[int] = frozenset(eos)
+        """Every token id that ends a generation."""
+        primary = tokenizer.eos_token_id
+        self.eos_token_id: int = primary if isinstance(primary, int) else min(eos)
+        """The EOS a scripted turn ends with (the tokenizer's own)."""
+        self._peft: Any = None
+        self._adapter_paths: dict[str, str] = {}
+        forward_params = inspect.signature(type(model).forward).parameters
+        # transformers renamed past_key_values -> cache (5.2x); older releases lack logits_to_keep.
+        self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
+        self._logits_to_keep = "logits_to_keep" in forward_params
+
+    @classmethod
+    def tiny(cls, seed: int = 0) -> CausalLMBackend:
+        """Return the in-process tiny model (see `nemogym_sdk.serve.tiny`)."""
+        from nemogym_sdk.serve.tiny import TINY_MODEL_NAME, build_tiny_model, build_tiny_tokenizer
+
+        return cls(build_tiny_model(seed), build_tiny_tokenizer(), name_or_path=TINY_MODEL_NAME)
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | Path, *, max_model_len: int | None = None
+    ) -> CausalLMBackend:
+        """Load a local model directory (weights + tokenizer with a chat template), fp32 on CPU."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        directory = Path(path)
+        if not directory.is_dir():
+            raise FileNotFoundError(f"Model directory not found: {directory}")
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+        return cls(model, tokenizer, name_or_path=str(directory), max_model_len=max_model_len)
+
+    # ----------------------------------------------------------------- tokens and templates
+
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        """Tokenize plain text."""
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Detokenize, skipping special tokens (as vLLM does for ``content``)."""
+        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
+
+    def token_text(self, token_id: int) -> str:
+        """Return one token decoded on its own (special tokens spelled out)."""
+        return str(self.tokenizer.decode([token_id], skip_special_tokens=False))
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None,
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """Render ``messages`` through the chat template and tokenize (no splice)."""
+        try:
+            text = self.tokenizer.apply_chat_template(
+                [dict(m) for m in messages],
+                tools=[dict(t) for t in tools] if tools else None,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                **dict(chat_template_kwargs or {}),
+            )
+        except (TemplateError, ValueError, TypeError, KeyError) as error:
+            raise BadRequestError(f"Chat template error: {error}") from error
+        return self.encode(str(text))
+
+    def prompt_ids(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """Return the prompt for ``messages`` with the on-policy prefix splice applied."""
+
+        def render(
+            msgs: Sequence[Mapping[str, Any]],
+            /,
+            *,
+            add_generation_prompt: bool,
+            continue_final_message: bool,
+        ) -> list[int]:
+            return self.render(
+                msgs,
+                tools=tools,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                chat_template_kwargs=chat_template_kwargs,
+            )
+
+        return build_prompt_ids(
+            messages,
+            render,
+            self.eos_token_ids,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+        )
+
+    def check_prompt(self, prompt_ids: Sequence[int], max_tokens: int | None) -> int:
+        """Validate a prompt against the vocabulary and context; return the token budget.
+
+        Raises `BadRequestError` with vLLM's "maximum context length" wording on overflow.
+        """
+        bad = [t for t in prompt_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise BadRequestError(
+                f"Token id {bad[0]} is out of vocabulary (size {self.vocab_size})."
+            )
+        n, limit = len(prompt_ids), self.max_model_len
+        if n >= limit:
+            raise BadRequestError(
+                f"This model's maximum context length is {limit} tokens. However, your request "
+                f"has {n} input tokens. Please reduce the length of the input messages.",
+                param="messages",
+            )
+        if max_tokens is None:
+            return limit - n
+        if n + max_tokens > limit:
+            raise BadRequestError(
+                f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
+                f"maximum context length is {limit} tokens and your request has {n} input tokens "
+                f"({max_tokens} > {limit} - {n}).",
+                param="max_tokens",
+            )
+        return max_tokens
+
+    # ----------------------------------------------------------------- generation
+
+    def _entry(self, token_id: int, logprobs_V: torch.Tensor, top_k: int) -> TokenLogprob:
+        top: tuple[tuple[int, float, str], ...] = ()
+        if top_k > 0:
+            values, indices = torch.topk(logprobs_V, k=min(top_k, logprobs_V.shape[-1]))
+            top = tuple(
+                (int(i), float(v), self.token_text(int(i)))
+                for v, i in zip(values.tolist(), indices.tolist(), strict=True)
+            )
+        return TokenLogprob(
+            token_id=token_id,
+            logprob=float(logprobs_V[token_id]),
+            text=self.token_text(token_id),
+            top=top,
+        )
+
+    def _forward(
+        self,
+        model: Any,
+        input_ids_1T: torch.Tensor,
+        keep: int,
+        cache: Any = None,
+        *,
+        use_cache: bool = True,
+    ) -> Any:
+        kwargs: dict[str, Any] = {"input_ids": input_ids_1T, "use_cache": use_cache}
+        if cache is not None:
+            kwargs[self._cache_kwarg] = cache
+        if self._logits_to_keep:
+            kwargs["logits_to_keep"] = keep
+        return model(**kwargs)
+
+    @staticmethod
+    def _cache_of(out: Any) -> Any:
+        cache = getattr(out, "cache", None)  # transformers >= 5.2x
+        return cache if cache is not None else getattr(out, "past_key_values", None)
+
+    def sample(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        seed: int,
+        adapter: str | None = None,
+        top_logprobs: int = 0,
+    ) -> Generation:
+        """Generate until EOS, a stop string/token, or ``params.max_tokens`` (KV-cached)."""
+        budget = self.check_prompt(prompt_ids, params.max_tokens)
+        generator = torch.Generator().manual_seed(seed)
+        stop_ids = set(params.stop_token_ids)
+        tokens: list[TokenLogprob] = []
+        with self._active(adapter) as model, torch.inference_mode():
+            out = self._forward(model, torch.tensor([list(prompt_ids)]), keep=1)
+            for step in range(budget):
+                logits_V = out.logits[0, -1].float()
+                logprobs_V = torch.log_softmax(logits_V, dim=-1)
+                token = _pick(logits_V, params, generator)
+                tokens.append(self._entry(token, logprobs_V, top_logprobs))
+                if token in self.eos_token_ids and not params.ignore_eos:
+                    return Generation(tokens=tuple(tokens), finish_reason="stop")
+                if token in stop_ids:
+                    return Generation(tokens=tuple(tokens), finish_reason="stop", stop_reason=token)
+                if params.stop:
+                    text = self.decode([t.token_id for t in tokens])
+                    hits = [(text.find(s), s) for s in params.stop if s in text]
+                    if hits:
+                        at, which = min(hits)
+                        return Generation(
+                            tokens=tuple(tokens),
+                            finish_reason="stop",
+                            stop_reason=which,
+                            text_end=at,
+                        )
+                if step + 1 < budget:
+                    next_1T = torch.tensor([[token]])
+                    out = self._forward(model, next_1T, keep=1, cache=self._cache_of(out))
+        return Generation(tokens=tuple(tokens), finish_reason="length")
+
+    def score(
+        self,
+        prompt_ids: Sequence[int],
+        forced_ids: Sequence[int],
+        *,
+        adapter: str | None = None,
+        top_logprobs: int = 0,
+    ) -> list[TokenLogprob]:
+        """Teacher-force ``forced_ids`` after the prompt; return each token's real logprob."""
+        if not forced_ids:
+            return []
+        full = [*prompt_ids, *forced_ids]
+        with self._active(adapter) as model, torch.inference_mode():
+            out = self._forward(
+                model, torch.tensor([full[:-1]]), keep=len(forced_ids), use_cache=False
+            )
+            logprobs_TV = torch.log_softmax(out.logits[0, -len(forced_ids) :].float(), dim=-1)
+        return [
+            self._entry(token, logprobs_TV[pos], top_logprobs)
+            for pos, token in enumerate(forced_ids)
+        ]
+
+    # ----------------------------------------------------------------- LoRA adapters
+
+    @property
+    def adapters(self) -> dict[str, str]:
+        """Loaded adapters: name -> the path they were loaded from."""
+        return dict(self._adapter_paths)
+
+    @contextlib.contextmanager
+    def _active(self, adapter: str | None) -> Iterator[Any]:
+        if adapter is not None and adapter not in self._adapter_paths:
+            raise NotFoundError(f"The model `{adapter}` does not exist.", param="model")
+        if self._peft is None:
+            yield self.model
+        elif adapter is None:
+            with self._peft.disable_adapter():
+                yield self._peft
+        else:
+            self._peft.set_adapter(adapter)
+            yield self._peft
+
+    def load_adapter(self, name: str, path: str, *, replace: bool = False) -> None:
+        """Load a PEFT LoRA adapter directory under ``name`` (``replace`` reloads in place)."""
+        require_serve_deps(extra=("peft",))
+        from peft import PeftConfig, PeftModel
+
+        if name in self._adapter_paths and not replace:
+            raise BadRequestError(
+                f"The lora adapter '{name}' has already been loaded. If you want to load the "
+                "adapter in place, set 'load_inplace' to True.",
+                param="lora_name",
+                err_type="InvalidUserInput",
+            )
+        directory = Path(path)
+        if not (directory / "adapter_config.json").is_file():
+            raise NotFoundError(f"No adapter found for {path}", param="lora_path")
+        try:
+            PeftConfig.from_pretrained(str(directory))
+        except Exception as error:  # any parse failure is the caller's bad input
+            raise BadRequestError(f"Invalid LoRA adapter at {path}: {error}") from error
+        if name in self._adapter_paths:
+            self._drop_adapter(name)
+        try:
+            with warnings.catch_warnings():
+                # peft 0.21 calls a transformers API deprecated in 5.x; not actionable here.
+                warnings.filterwarnings("ignore", ".*is_gradient_checkpointing", FutureWarning)
+                if self._peft is None:
+                    self._peft = PeftModel.from_pretrained(
+                        self.model, str(directory), adapter_name=name, is_trainable=False
+                    ).eval()
+                else:
+                    self._peft.load_adapter(str(directory), adapter_name=name, is_trainable=False)
+        except Exception as error:  # PEFT raises many types for bad weights
+            raise BadRequestError(f"Failed to load LoRA adapter '{name}': {error}") from error
+        self._adapter_paths[name] = str(path)
+        logger.info("loaded LoRA adapter %r from %s", name, path)
+
+    def unload_adapter(self, name: str) -> None:
+        """Remove the adapter ``name``; the base model is untouched."""
+        if name not in self._adapter_paths:
+            raise NotFoundError(f"The lora adapter '{name}' cannot be found.", param="lora_name")
+        self._drop_adapter(name)
+        logger.info("unloaded LoRA adapter %r", name)
+
+    def _drop_adapter(self, name: str) -> None:
+        remaining = [other for other in self._adapter_paths if other != name]
+        if not remaining:
+            # PEFT cannot run with zero adapters: strip the LoRA layers, keep the base weights.
+            self.model = self._peft.unload().eval()
+            self._peft = None
+        else:
+            self._peft.set_adapter(remaining[0])  # deleting the active adapter would warn
+            self._peft.delete_adapter(name)
+        del self._adapter_paths[name]
+
+
+def _pick(logits_V: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+    """Choose the next token: greedy at temperature 0, else top-k / top-p sampling."""
+    if params.temperature < 1e-5:
+        return int(torch.argmax(logits_V))
+    scaled_V = logits_V / params.temperature
+    if params.top_k > 0 and params.top_k < scaled_V.shape[-1]:
+        kth = torch.topk(scaled_V, params.top_k).values[-1]
+        scaled_V = scaled_V.masked_fill(scaled_V < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_V, order_V = torch.sort(scaled_V, descending=True)
+        probs_V = torch.softmax(sorted_V, dim=-1)
+        before_V = torch.cumsum(probs_V, dim=-1) - probs_V  # mass strictly above each token
+        sorted_V = sorted_V.masked_fill(before_V >= params.top_p, float("-inf"))
+        scaled_V = torch.full_like(scaled_V, float("-inf")).scatter(0, order_V, sorted_V)
+    probs_V = torch.softmax(scaled_V, dim=-1)
+    return int(torch.multinomial(probs_V, 1, generator=generator))

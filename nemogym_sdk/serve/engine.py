@@ -1,0 +1,245 @@
+"""Request handling behind the HTTP routes: model routing, the two generation modes, LoRA.
+
+`ServeEngine` turns a parsed JSON body into the JSON answer. Its methods are synchronous and
+touch the model; the HTTP layer calls them one at a time on a worker thread.
+
+Modes:
+
+* ``sample``: real sampling from the model (temperature, top_p, top_k, seed, stop, max_tokens).
+* ``scripted``: deterministic multi-turn behaviour for any NeMo Gym environment. For the first
+  ``scripted_tool_turns`` assistant turns of a conversation (counted from the assistant messages
+  already in the request) it calls one of the offered tools, rotating through them, with arguments
+  that satisfy the tool's JSON schema; afterwards (or with no tools) it answers in text. The text
+  is forced, but every token is scored by the model, so the logprobs are genuine.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from nemogym_sdk.serve.backend import CausalLMBackend, Generation
+from nemogym_sdk.serve.chat import count_assistant_turns
+from nemogym_sdk.serve.errors import BadRequestError, NotFoundError
+from nemogym_sdk.serve.protocol import (
+    ChatRequest,
+    FinishReason,
+    TokenizeRequest,
+    chat_completion_body,
+    model_card,
+)
+from nemogym_sdk.serve.tools import (
+    ToolCall,
+    example_arguments,
+    format_tool_call,
+    parse_tool_calls,
+    tool_function,
+)
+
+__all__ = ["DEFAULT_SCRIPTED_ANSWER", "Mode", "ServeEngine"]
+
+logger = logging.getLogger(__name__)
+
+Mode = Literal["scripted", "sample"]
+DEFAULT_SCRIPTED_ANSWER = "I have everything I need. Done."
+
+
+class ServeEngine:
+    """Serve one `CausalLMBackend` under a model name, plus its LoRA adapters by their names."""
+
+    def __init__(
+        self,
+        backend: CausalLMBackend,
+        *,
+        served_model_name: str | None = None,
+        mode: Mode = "scripted",
+        scripted_tool_turns: int = 2,
+        scripted_answer: str = DEFAULT_SCRIPTED_ANSWER,
+        seed: int = 0,
+    ) -> None:
+        """Configure the engine; ``seed`` seeds the draws for requests that send no ``seed``."""
+        if mode not in ("scripted", "sample"):
+            raise ValueError(f"mode must be 'scripted' or 'sample', got {mode!r}")
+        if scripted_tool_turns < 0:
+            raise ValueError("scripted_tool_turns must be >= 0")
+        self.backend = backend
+        self.served_model_name = served_model_name or backend.name_or_path
+        self.mode: Mode = mode
+        self.scripted_tool_turns = scripted_tool_turns
+        self.scripted_answer = scripted_answer
+        self._rng = random.Random(seed)
+
+    # ----------------------------------------------------------------- models
+
+    def resolve_model(self, model: str | None) -> str | None:
+        """Return the adapter to use for ``model`` (``None`` = base); 404 if unknown."""
+        if model is None or model == self.served_model_name:
+            return None
+        if model in self.backend.adapters:
+            return model
+        raise NotFoundError(f"The model `{model}` does not exist.", param="model")
+
+    def list_models(self) -> dict[str, Any]:
+        """Return the ``GET /v1/models`` body: the base model, then each adapter."""
+        cards = [
+            model_card(
+                self.served_model_name,
+                root=self.backend.name_or_path,
+                parent=None,
+                max_model_len=self.backend.max_model_len,
+            )
+        ]
+        for name, path in self.backend.adapters.items():
+            cards.append(
+                model_card(name, root=path, parent=self.served_model_name, max_model_len=None)
+            )
+        return {"object": "list", "data": cards}
+
+    # ----------------------------------------------------------------- chat
+
+    def chat(self, body: Any) -> dict[str, Any]:
+        """Answer a ``POST /v1/chat/completions`` body."""
+        request = ChatRequest.from_json(body)
+        adapter = self.resolve_model(request.model)
+        prompt_ids = self.backend.prompt_ids(
+            request.messages,
+            tools=request.tools,
+            add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message,
+            chat_template_kwargs=request.chat_template_kwargs,
+        )
+        if self.mode == "sample":
+            seed = request.sampling.seed
+            generation = self.backend.sample(
+                prompt_ids,
+                request.sampling,
+                seed=self._rng.getrandbits(63) if seed is None else seed,
+                adapter=adapter,
+                top_logprobs=request.top_logprobs,
+            )
+        else:
+            generation = self._scripted(request, prompt_ids, adapter)
+        text = self.backend.decode(generation.token_ids)
+        if generation.text_end is not None:
+            text = text[: generation.text_end]
+        content: str | None = text
+        calls: list[ToolCall] = []
+        if request.tools and request.tool_choice != "none":
+            content, calls = parse_tool_calls(text)
+        finish: FinishReason = "tool_calls" if calls else _finish(generation.finish_reason)
+        return chat_completion_body(
+            model=request.model or self.served_model_name,
+            content=content,
+            tool_calls=calls,
+            finish_reason=finish,
+            stop_reason=generation.stop_reason,
+            prompt_token_ids=prompt_ids,
+            token_ids=generation.token_ids,
+            logprobs=generation.tokens if request.logprobs else None,
+            return_token_ids=request.return_token_ids,
+            return_tokens_as_token_ids=request.return_tokens_as_token_ids,
+        )
+
+    def scripted_text(self, request: ChatRequest) -> str:
+        """Return the text the scripted policy emits for this request (without EOS)."""
+        tool = self._scripted_tool(request)
+        if tool is None:
+            return self.scripted_answer
+        name, parameters = tool
+        return format_tool_call(name, example_arguments(parameters))
+
+    def _scripted_tool(self, request: ChatRequest) -> tuple[str, Mapping[str, Any]] | None:
+        functions = [f for f in (tool_function(t) for t in request.tools or []) if f is not None]
+        choice = request.tool_choice
+        if not functions or choice == "none":
+            return None
+        turn = count_assistant_turns(request.messages)
+        if isinstance(choice, Mapping):
+            wanted = (choice.get("function") or {}).get("name")
+            named = [f for f in functions if f[0] == wanted]
+            if not named:
+                raise BadRequestError(f"tool_choice names an unknown function: {wanted!r}.")
+            return named[0]
+        if choice == "required" or turn < self.scripted_tool_turns:
+            return functions[turn % len(functions)]
+        return None
+
+    def _scripted(
+        self, request: ChatRequest, prompt_ids: Sequence[int], adapter: str | None
+    ) -> Generation:
+        forced = [*self.backend.encode(self.scripted_text(request)), self.backend.eos_token_id]
+        budget = self.backend.check_prompt(prompt_ids, request.sampling.max_tokens)
+        finish = "stop"
+        if len(forced) > budget:
+            forced, finish = forced[:budget], "length"
+        scored = self.backend.score(
+            prompt_ids, forced, adapter=adapter, top_logprobs=request.top_logprobs
+        )
+        return Generation(tokens=tuple(scored), finish_reason=finish)
+
+    # ----------------------------------------------------------------- tokenize
+
+    def tokenize(self, body: Any) -> dict[str, Any]:
+        """Answer a ``POST /tokenize`` body (chat messages get the same splice as generation)."""
+        request = TokenizeRequest.from_json(body)
+        if request.model is not None:
+            self.resolve_model(request.model)
+        if request.messages is not None:
+            ids = self.backend.prompt_ids(
+                request.messages,
+                tools=request.tools,
+                add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message,
+                chat_template_kwargs=request.chat_template_kwargs,
+            )
+        else:
+            ids = self.backend.encode(
+                request.prompt or "", add_special_tokens=request.add_special_tokens
+            )
+        strs = None
+        if request.return_token_strs:
+            strs = [str(s) for s in self.backend.tokenizer.convert_ids_to_tokens(ids)]
+        return {
+            "count": len(ids),
+            "max_model_len": self.backend.max_model_len,
+            "tokens": ids,
+            "token_strs": strs,
+        }
+
+    # ----------------------------------------------------------------- LoRA
+
+    def load_lora(self, body: Any) -> str:
+        """Answer ``POST /v1/load_lora_adapter``; return vLLM's success text."""
+        if not isinstance(body, dict):
+            raise BadRequestError("The request body must be a JSON object.")
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
+            raise BadRequestError(
+                "Both 'lora_name' and 'lora_path' must be provided.", err_type="InvalidUserInput"
+            )
+        if name == self.served_model_name:
+            raise BadRequestError(
+                f"The lora adapter name '{name}' conflicts with a served base model.",
+                param="lora_name",
+                err_type="InvalidUserInput",
+            )
+        inplace = body.get("load_inplace", False)
+        self.backend.load_adapter(name, path, replace=bool(inplace))
+        return f"Success: LoRA adapter '{name}' added successfully."
+
+    def unload_lora(self, body: Any) -> str:
+        """Answer ``POST /v1/unload_lora_adapter``; return vLLM's success text."""
+        name = body.get("lora_name") if isinstance(body, dict) else None
+        if not isinstance(name, str) or not name:
+            raise BadRequestError(
+                "'lora_name' needs to be provided to unload a LoRA adapter.",
+                err_type="InvalidUserInput",
+            )
+        self.backend.unload_adapter(name)
+        return f"Success: LoRA adapter '{name}' removed successfully."
+
+
+def _finish(reason: str) -> FinishReason:
+    return "length" if reason == "length" else "stop"
