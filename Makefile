@@ -7,10 +7,11 @@ PIP := $(PY) -m pip
 # GPU users install their own torch before `pip install nemogym-sdk[serve]`.
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= dev,serve
-# core and network layer: every module at the package root (subpackages have their own checks)
-CORE := $(wildcard nemogym_sdk/*.py)
+# Real NeMo Gym (nemo-gym 0.7.0) needs Python 3.13 and lives in its own venv.
+GYM_VENV := .venv-gym
+NEMO_GYM_SPEC ?= nemo-gym==0.7.0
 
-.PHONY: install lint typecheck test fuzz bench demo docs clean
+.PHONY: install gym-venv lint typecheck test test-fast fuzz bench demo docs clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,15 +22,38 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 install: $(VENV)/.installed
 
+# Reused when present. nemo-gym 0.7.0 declares Python >= 3.13.14 but runs on 3.13.0
+# (pyenv's), hence --ignore-requires-python. Without any Python 3.13 the real-server
+# tests skip, saying so.
+$(GYM_VENV)/.installed:
+	@py=""; \
+	for cand in "python3.13" "env PYENV_VERSION=3.13.0 python3.13"; do \
+	  if $$cand -c "import sys; assert sys.version_info[:2] == (3, 13)" >/dev/null 2>&1; then \
+	    py="$$cand"; break; fi; \
+	done; \
+	if [ -z "$$py" ]; then \
+	  echo "gym-venv: no Python 3.13 found; tests against real NeMo Gym will be skipped"; \
+	  exit 0; \
+	fi; \
+	test -x $(GYM_VENV)/bin/python || $$py -m venv $(GYM_VENV); \
+	$(GYM_VENV)/bin/python -m pip install --quiet --ignore-requires-python "$(NEMO_GYM_SPEC)" && \
+	touch $@
+
+gym-venv: $(GYM_VENV)/.installed
+
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
 typecheck: install
-	$(VENV)/bin/mypy --strict $(CORE)
+	$(VENV)/bin/mypy --strict nemogym_sdk
 
-test: lint typecheck
-	$(PY) -m pytest -q
+test: lint typecheck gym-venv
+	$(PY) -m pytest -q --durations=15
+
+# Everything except the tests that start real NeMo Gym servers.
+test-fast: lint typecheck
+	$(PY) -m pytest -q -m "not gym"
 
 # Hypothesis with >= 10,000 examples per property (slow; not part of `make test`).
 fuzz: install

@@ -1,0 +1,47 @@
+"""Start and stop real NeMo Gym servers locally (optional; not imported by ``nemogym_sdk``).
+
+NeMo Gym runs in a Python 3.13 venv of its own; this package never imports it. It
+builds the resolved NeMo Gym config for some shipped environments, launches each server
+with that venv's interpreter (optionally with NeMo Gym's head server for discovery),
+waits until they answer, and stops them by process group.
+
+    from nemogym_sdk.gym import GymStack, PolicyModel
+
+    model = PolicyModel(base_url="http://127.0.0.1:8000/v1", model="my-model")
+    with GymStack(["example_single_tool_call", "wordle"], model, head_server=True) as stack:
+        stack.agent_urls      # {"wordle_gymnasium_agent": "http://127.0.0.1:...", ...}
+        stack.head_url        # "http://127.0.0.1:..."
+        stack.log_paths       # instance -> log file
+
+See ``docs/gym-environments.md`` for what each shipped environment does.
+"""
+
+from __future__ import annotations
+
+from nemogym_sdk.gym.catalog import CATALOGUE, EnvironmentInfo, describe_environment
+from nemogym_sdk.gym.config import build_stack_config, free_loopback_ports
+from nemogym_sdk.gym.errors import GymVenvNotFoundError, ServerNotReadyError, ServerStartError
+from nemogym_sdk.gym.locate import GYM_VENV_ENV_VAR, GymVenv, default_gym_venv_path, find_gym_venv
+from nemogym_sdk.gym.specs import EnvironmentSetup, PolicyModel, ServerSpec, StackConfig
+from nemogym_sdk.gym.stack import HEAD_SERVER_NAME, GymStack
+
+__all__ = [
+    "CATALOGUE",
+    "EnvironmentInfo",
+    "EnvironmentSetup",
+    "GYM_VENV_ENV_VAR",
+    "GymStack",
+    "GymVenv",
+    "GymVenvNotFoundError",
+    "HEAD_SERVER_NAME",
+    "PolicyModel",
+    "ServerNotReadyError",
+    "ServerSpec",
+    "ServerStartError",
+    "StackConfig",
+    "build_stack_config",
+    "default_gym_venv_path",
+    "describe_environment",
+    "find_gym_venv",
+    "free_loopback_ports",
+]

@@ -1,0 +1,211 @@
+"""Server processes: start with a log file and a process group of their own, wait, stop.
+
+Every process is started with ``start_new_session=True``, so it leads a process group
+that holds it and anything it spawns. Stopping sends SIGTERM to the group, waits a
+grace period, then SIGKILLs whatever is left of the group. Nothing is ever killed by
+name, only by the group ids this module created.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import attrs
+import requests
+
+from nemogym_sdk.gym.errors import ServerNotReadyError, ServerStartError
+
+__all__ = [
+    "ServerProcess",
+    "group_alive",
+    "spawn",
+    "stop_all",
+    "tail",
+    "wait_answering",
+    "wait_ready",
+]
+
+logger = logging.getLogger(__name__)
+
+_POLL_INTERVAL_S = 0.1
+_PROBE_TIMEOUT_S = 2.0
+TAIL_LINES = 40
+"""How many log lines a start-up error quotes."""
+
+
+@attrs.define(kw_only=True, eq=False)
+class ServerProcess:
+    """A started server process, the leader of its own process group."""
+
+    name: str
+    """Instance name of the server (or ``head_server``)."""
+    popen: subprocess.Popen[bytes]
+    """The process (its pid is also its process-group id)."""
+    log_path: Path
+    """File receiving its stdout and stderr."""
+    health_url: str
+    """URL polled until it answers 200."""
+    stopped: bool = False
+    """Set once the leader is reaped and its group is empty; it is never signalled again
+    (its pid, and so its group id, may be reused by an unrelated process)."""
+
+    @property
+    def pid(self) -> int:
+        """Process id, which is also the process-group id."""
+        return self.popen.pid
+
+    def tail(self, lines: int = TAIL_LINES) -> str:
+        """The last ``lines`` lines of the log."""
+        return tail(self.log_path, lines)
+
+
+def tail(path: Path, lines: int = TAIL_LINES) -> str:
+    """The last ``lines`` lines of a text file ("" if it does not exist)."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 64 * 1024))
+            data = handle.read()
+    except FileNotFoundError:
+        return ""
+    text = data.decode("utf-8", errors="replace")
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def spawn(
+    name: str,
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    log_path: Path,
+    health_url: str,
+) -> ServerProcess:
+    """Start ``argv`` in ``cwd`` as a new session, stdout and stderr appended to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        log.write(f"# {name}: argv={list(argv)!r} cwd={str(cwd)!r}\n".encode())
+        log.flush()
+        popen = subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    logger.debug("started %s (pid %d), log %s", name, popen.pid, log_path)
+    return ServerProcess(name=name, popen=popen, log_path=log_path, health_url=health_url)
+
+
+def wait_ready(processes: Sequence[ServerProcess], timeout: float) -> None:
+    """Poll every process's health URL until all answer 200.
+
+    Raises :class:`ServerStartError` as soon as one exits, and
+    :class:`ServerNotReadyError` naming the first laggard when ``timeout`` passes.
+    """
+    deadline = time.monotonic() + timeout
+    pending = list(processes)
+    with requests.Session() as session:
+        session.trust_env = False  # loopback only: never route through a proxy
+        while pending:
+            still: list[ServerProcess] = []
+            for proc in pending:
+                returncode = proc.popen.poll()
+                if returncode is not None:
+                    raise ServerStartError(proc.name, returncode, proc.log_path, proc.tail())
+                if not _answers(session, proc.health_url):
+                    still.append(proc)
+            pending = still
+            if not pending:
+                return
+            if time.monotonic() >= deadline:
+                proc = pending[0]
+                raise ServerNotReadyError(proc.name, timeout, proc.log_path, proc.tail())
+            time.sleep(_POLL_INTERVAL_S)
+
+
+def wait_answering(name: str, url: str, timeout: float) -> None:
+    """Poll ``url`` until it gives any HTTP answer (status ignored), as NeMo Gym's own
+    model-endpoint check does; :class:`ServerNotReadyError` naming ``name`` on timeout."""
+    deadline = time.monotonic() + timeout
+    with requests.Session() as session:
+        session.trust_env = False
+        while True:
+            try:
+                session.get(url, timeout=_PROBE_TIMEOUT_S)
+            except requests.RequestException as exc:
+                if time.monotonic() >= deadline:
+                    raise ServerNotReadyError(name, timeout, None, f"GET {url}: {exc}") from exc
+                time.sleep(_POLL_INTERVAL_S)
+            else:
+                return
+
+
+def _answers(session: requests.Session, url: str) -> bool:
+    try:
+        response = session.get(url, timeout=_PROBE_TIMEOUT_S)
+    except requests.RequestException:
+        return False
+    return response.status_code == 200
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the group ``pgid`` still exists (zombies count until reaped)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def stop_all(processes: Sequence[ServerProcess], grace: float) -> None:
+    """SIGTERM every process group, wait up to ``grace`` seconds, then SIGKILL the rest.
+
+    Returns once every leader is reaped and no member of any group is left.
+    Safe to call again (already-stopped processes are skipped).
+    """
+    processes = [proc for proc in processes if not proc.stopped]
+    for proc in processes:
+        if proc.popen.poll() is None or group_alive(proc.pid):
+            _signal_group(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for proc in processes:
+        remaining = max(0.0, deadline - time.monotonic())
+        try:
+            proc.popen.wait(timeout=remaining)
+        except subprocess.TimeoutExpired:
+            logger.warning("%s (pid %d) ignored SIGTERM for %.1f s", proc.name, proc.pid, grace)
+    # Leaders are reaped; kill whatever else is left in the groups (children of servers).
+    for proc in processes:
+        if proc.popen.poll() is None or group_alive(proc.pid):
+            _signal_group(proc.pid, signal.SIGKILL)
+    for proc in processes:
+        proc.popen.wait()
+        proc.stopped = _wait_group_gone(proc.pid, timeout=5.0)
+
+
+def _wait_group_gone(pgid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if group_alive(pgid):
+        logger.warning("process group %d still has members after SIGKILL", pgid)
+        return False
+    return True

@@ -1,0 +1,59 @@
+"""The public surface of nemogym_sdk.gym and its layering."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import nemogym_sdk.gym
+from nemogym_sdk.gym import GymStack, PolicyModel, ServerNotReadyError, free_loopback_ports
+
+from .fakes import make_venv
+
+
+def test_all_is_sorted_and_importable() -> None:
+    """nemogym_sdk.gym.__all__ is sorted, unique and every name resolves."""
+    names = nemogym_sdk.gym.__all__
+    assert names == sorted(set(names))
+    for name in names:
+        assert getattr(nemogym_sdk.gym, name) is not None
+
+
+def test_layering_no_nemo_gym_and_not_imported_by_the_core() -> None:
+    """`import nemogym_sdk` leaves gym out; `import nemogym_sdk.gym` never imports nemo_gym."""
+    code = (
+        "import sys, nemogym_sdk\n"
+        "assert not any(m.startswith('nemogym_sdk.gym') for m in sys.modules), 'core imports gym'\n"
+        "import nemogym_sdk.gym\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in "
+        "('nemo_gym', 'resources_servers', 'responses_api_agents', 'ray', 'torch')]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_dead_backend_fails_before_any_server_starts(tmp_path: Path) -> None:
+    """backend_timeout: an unreachable backend raises ServerNotReadyError, nothing started."""
+    venv = make_venv(tmp_path / "venv")
+    (port,) = free_loopback_ports(1)
+    model = PolicyModel(base_url=f"http://127.0.0.1:{port}/v1", model="m")
+    stack = GymStack(["toy"], model, venv=venv, workdir=tmp_path / "w", backend_timeout=0.3)
+    with pytest.raises(ServerNotReadyError, match="backend of policy_model") as caught:
+        stack.start()
+    assert f"127.0.0.1:{port}/v1/models" in caught.value.log_tail
+    assert stack.pids == {}
+    assert not stack.is_running
+
+
+def test_properties_need_a_started_stack(tmp_path: Path) -> None:
+    """Before start() the config-derived properties raise instead of returning nothing."""
+    venv = make_venv(tmp_path / "venv")
+    stack = GymStack(["toy"], PolicyModel(base_url="http://127.0.0.1:1/v1", model="m"), venv=venv)
+    with pytest.raises(RuntimeError, match="not been started"):
+        _ = stack.agent_urls
+    assert "not started" in repr(stack)
+    with pytest.raises(ValueError, match="sequence of names"):
+        GymStack("toy", PolicyModel(base_url="http://x/v1", model="m"), venv=venv)

@@ -1,0 +1,215 @@
+"""Building the resolved NeMo Gym config from shipped environment YAMLs (no processes)."""
+
+from __future__ import annotations
+
+import copy
+import socket
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nemogym_sdk.errors import ConfigError
+from nemogym_sdk.gym import (
+    CATALOGUE,
+    GymVenv,
+    PolicyModel,
+    build_stack_config,
+    free_loopback_ports,
+)
+from nemogym_sdk.gym.config import load_environment_config
+
+from .fakes import TOY_CONFIG, counting_ports, make_venv
+
+MODEL = PolicyModel(base_url="http://127.0.0.1:8000/v1", model="tiny")
+
+
+def test_toy_config_keeps_agent_and_resources_drops_environment_server(tmp_path: Path) -> None:
+    """Resources server and agent are kept verbatim, the environment server is dropped."""
+    venv = make_venv(tmp_path / "venv")
+    stack = build_stack_config(venv, ["toy"], MODEL, allocate_ports=counting_ports(20000))
+    config = stack.global_config
+    assert "toy_environment_server" not in config
+    assert config["toy"]["resources_servers"]["toy"]["description"] == "a toy"
+    agent = config["toy_simple_agent"]["responses_api_agents"]["simple_agent"]
+    assert agent["model_server"] == {"type": "responses_api_models", "name": "policy_model"}
+    (setup,) = stack.environments
+    assert setup.agents == ("toy_simple_agent",)
+    assert setup.agent_impls == ("simple_agent",)
+    assert setup.resources_servers == ("toy",)
+    assert setup.dropped == ("toy_environment_server",)
+    assert setup.example_path == venv.site_packages / "resources_servers/toy/data/example.jsonl"
+
+
+def test_servers_pinned_to_loopback_distinct_ports_models_first(tmp_path: Path) -> None:
+    """Every server gets 127.0.0.1 and its own port; start order is model, resources, agent."""
+    venv = make_venv(tmp_path / "venv")
+    stack = build_stack_config(venv, ["toy"], MODEL, allocate_ports=counting_ports(20000))
+    assert [s.instance for s in stack.servers] == ["policy_model", "toy", "toy_simple_agent"]
+    assert [s.server_type for s in stack.servers] == [
+        "responses_api_models",
+        "resources_servers",
+        "responses_api_agents",
+    ]
+    ports = [s.port for s in stack.servers] + [stack.head_port]
+    assert len(set(ports)) == len(ports) == 4
+    assert all(s.host == "127.0.0.1" for s in stack.servers)
+    assert stack.head_host == "127.0.0.1"
+    assert stack.server("toy").url == f"http://127.0.0.1:{stack.server('toy').port}"
+    block = stack.global_config["toy"]["resources_servers"]["toy"]
+    assert (block["host"], block["port"]) == ("127.0.0.1", stack.server("toy").port)
+
+
+def test_policy_model_block_is_the_training_vllm_model(tmp_path: Path) -> None:
+    """The vllm_model instance carries the backend and the training switches."""
+    venv = make_venv(tmp_path / "venv")
+    model = PolicyModel(
+        base_url="http://127.0.0.1:9/v1",
+        model="m",
+        api_key="k",
+        request_prompt_and_generation_token_ids=True,
+        uses_reasoning_parser=False,
+        extra={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    config = build_stack_config(venv, ["toy"], model, allocate_ports=counting_ports()).global_config
+    block = config["policy_model"]["responses_api_models"]["vllm_model"]
+    assert block["entrypoint"] == "app.py"
+    assert (block["base_url"], block["model"], block["api_key"]) == (
+        "http://127.0.0.1:9/v1",
+        "m",
+        "k",
+    )
+    assert block["return_token_id_information"] is True
+    assert block["request_prompt_and_generation_token_ids"] is True
+    assert block["uses_reasoning_parser"] is False
+    assert block["chat_template_kwargs"] == {"enable_thinking": False}
+    assert config["policy_base_url"] == "http://127.0.0.1:9/v1"
+    assert config["policy_model_name"] == "m"
+    assert config["dry_run"] is False
+
+
+def test_default_max_steps_only_fills_agents_without_one(tmp_path: Path) -> None:
+    """default_max_steps is written where max_steps is absent and leaves shipped values."""
+    capped = copy.deepcopy(TOY_CONFIG)
+    del capped["toy_environment_server"]
+    capped["toy_simple_agent"]["responses_api_agents"]["simple_agent"]["max_steps"] = 3
+    venv = make_venv(tmp_path / "venv", {"toy": TOY_CONFIG, "capped": _renamed(capped, "capped")})
+    config = build_stack_config(
+        venv, ["toy", "capped"], MODEL, default_max_steps=7, allocate_ports=counting_ports()
+    ).global_config
+    assert config["toy_simple_agent"]["responses_api_agents"]["simple_agent"]["max_steps"] == 7
+    assert config["capped_simple_agent"]["responses_api_agents"]["simple_agent"]["max_steps"] == 3
+
+
+def test_overrides_deep_merge_and_may_pin_a_port(tmp_path: Path) -> None:
+    """Overrides merge into nested blocks; a port they pin is kept, not reallocated."""
+    venv = make_venv(tmp_path / "venv")
+    overrides = {
+        "toy": {"resources_servers": {"toy": {"port": 31999, "verified": True}}},
+        "head_server": {"port": 31998},
+    }
+    stack = build_stack_config(
+        venv, ["toy"], MODEL, overrides=overrides, allocate_ports=counting_ports()
+    )
+    block = stack.global_config["toy"]["resources_servers"]["toy"]
+    assert (block["port"], block["verified"], block["domain"]) == (31999, True, "agent")
+    assert stack.server("toy").port == 31999
+    assert stack.head_port == 31998
+
+
+def test_overrides_may_add_a_server_but_not_an_environment_server(tmp_path: Path) -> None:
+    """An extra model server from overrides is started too; environment servers are refused."""
+    venv = make_venv(tmp_path / "venv")
+    judge = {"judge": {"responses_api_models": {"vllm_model": MODEL.server_block()}}}
+    stack = build_stack_config(
+        venv, ["toy"], MODEL, overrides=judge, allocate_ports=counting_ports()
+    )
+    assert stack.server("judge").environment is None
+    assert stack.server("judge").host == "127.0.0.1"
+    relay = {"relay": copy.deepcopy(TOY_CONFIG["toy_environment_server"])}
+    with pytest.raises(ConfigError, match="'relay' is an environment_servers instance"):
+        build_stack_config(venv, ["toy"], MODEL, overrides=relay, allocate_ports=counting_ports())
+
+
+def test_dangling_reference_is_a_config_error(tmp_path: Path) -> None:
+    """An agent pointing at a model server the stack does not run is refused, with names."""
+    venv = make_venv(tmp_path / "venv")
+    model = PolicyModel(base_url="http://x/v1", model="m", instance_name="other_model")
+    with pytest.raises(ConfigError, match=r"responses_api_models/'policy_model'.*other_model"):
+        build_stack_config(venv, ["toy"], model, allocate_ports=counting_ports())
+
+
+def test_unknown_environment_and_duplicates_are_config_errors(tmp_path: Path) -> None:
+    """Unknown names, repeated names and an empty list are refused before anything starts."""
+    venv = make_venv(tmp_path / "venv")
+    with pytest.raises(ConfigError, match="unknown NeMo Gym environment 'nope'"):
+        build_stack_config(venv, ["nope"], MODEL)
+    with pytest.raises(ConfigError, match="twice"):
+        build_stack_config(venv, ["toy", "toy"], MODEL)
+    with pytest.raises(ConfigError, match="at least one"):
+        build_stack_config(venv, [], MODEL)
+
+
+def test_instance_defined_by_two_environments_is_refused(tmp_path: Path) -> None:
+    """Two environments may not define the same instance name."""
+    venv = make_venv(tmp_path / "venv", {"toy": TOY_CONFIG, "twin": TOY_CONFIG})
+    with pytest.raises(ConfigError, match="defined by both 'toy' and 'twin'"):
+        build_stack_config(venv, ["toy", "twin"], MODEL, allocate_ports=counting_ports())
+
+
+def test_inheritance_directives_are_refused(tmp_path: Path) -> None:
+    """_inherit_from and ${copy:...} need NeMo Gym's own parser, so they are refused."""
+    inherit = copy.deepcopy(TOY_CONFIG)
+    inherit["toy"]["_inherit_from"] = "elsewhere"
+    copied = copy.deepcopy(TOY_CONFIG)
+    copied["toy"]["resources_servers"]["toy"]["domain"] = "${copy:a.b}"
+    venv = make_venv(tmp_path / "venv", {"inherit": inherit, "copied": copied})
+    with pytest.raises(ConfigError, match="_inherit_from"):
+        load_environment_config(venv, "inherit")
+    with pytest.raises(ConfigError, match="copy"):
+        load_environment_config(venv, "copied")
+
+
+def test_to_yaml_round_trips(tmp_path: Path) -> None:
+    """The YAML handed to the servers parses back to the same config."""
+    venv = make_venv(tmp_path / "venv")
+    stack = build_stack_config(venv, ["toy"], MODEL, workdir=tmp_path / "w")
+    assert yaml.safe_load(stack.to_yaml()) == stack.global_config
+    assert stack.global_config["results_dir"] == str(tmp_path / "w" / "results")
+
+
+def test_free_loopback_ports_are_distinct_bindable_and_below_ephemeral() -> None:
+    """free_loopback_ports picks distinct bindable ports in 10001-20000 (not ephemeral)."""
+    ports = free_loopback_ports(5)
+    assert len(set(ports)) == 5
+    assert all(10001 <= port <= 20000 for port in ports)
+    for port in ports:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+
+
+def test_free_loopback_ports_skips_ports_in_use() -> None:
+    """A port already bound is never returned; an exhausted range is a ConfigError."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        port = busy.getsockname()[1]
+        assert port not in free_loopback_ports(3, (port - 50, port))
+        with pytest.raises(ConfigError, match="only 0 of 1"):
+            free_loopback_ports(1, (port, port))
+
+
+def test_every_catalogued_environment_builds(gym_venv: GymVenv) -> None:
+    """Each shipped catalogue config resolves: one agent, one resources server, refs intact."""
+    stack = build_stack_config(gym_venv, list(CATALOGUE), MODEL)
+    assert len(stack.servers) == 2 * len(CATALOGUE) + 1
+    for setup in stack.environments:
+        assert len(setup.agents) == 1 and len(setup.resources_servers) == 1
+        assert setup.dropped, "each shipped config has an environment server, not started"
+        assert setup.example_path.is_file()
+
+
+def _renamed(config: dict[str, object], name: str) -> dict[str, object]:
+    text = yaml.safe_dump(config).replace("toy", name)
+    loaded = yaml.safe_load(text)
+    assert isinstance(loaded, dict)
+    return loaded
