@@ -28,6 +28,19 @@ def parse(raw: bytes, eos: int) -> dict[str, Any]:
     reward = float(response.get("reward", 0.0))
     if not output:
         return default | {"reward": reward}
+    answered = any(
+        item.get("type") == "function_call"
+        or (
+            item.get("type") == "message"
+            and any(
+                part.get("type") == "output_text" and part.get("text", "").strip()
+                for part in item.get("content") or []
+            )
+        )
+        for item in output
+    )
+    if not answered:  # the seed's validity gate
+        return default | {"reward": reward}
     prompt: list[int] = []
     completion: list[int] = []
     mask: list[int] = []

@@ -8,7 +8,7 @@ repeating the whole history in prompt_token_ids) and times, in one run:
   (b) nemogym_sdk: parse_agent_response(bytes) for every response, then collate
   (c) baseline_seed: json.loads + the seed algorithm in pure Python + list padding
 
-Usage: python benchmarks/bench_parse.py [--rollouts 256 2048] [--turns 8] [--repeats 3]
+Usage: python benchmarks/bench_parse.py [--rollouts 256 2048] [--turns 8] [--repeats 7]
 """
 
 from __future__ import annotations
@@ -101,17 +101,22 @@ def make_response(rng: np.random.Generator, turns: int) -> bytes:
     return orjson.dumps(body)
 
 
-def timed(fn: Callable[[], object], repeats: int) -> float:
-    """Median wall time of ``fn`` over ``repeats`` runs (gc off while timing)."""
-    times = []
-    for _ in range(repeats):
-        gc.collect()
-        gc.disable()
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-        gc.enable()
-    return statistics.median(times)
+def timed(variants: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median wall time of each variant, interleaving the variants within every repeat
+    (so a machine that speeds up or slows down affects all of them alike); gc off while
+    timing."""
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    for repeat in range(repeats):
+        order = names[repeat % len(names) :] + names[: repeat % len(names)]
+        for name in order:
+            gc.collect()
+            gc.disable()
+            start = time.perf_counter()
+            variants[name]()
+            times[name].append(time.perf_counter() - start)
+            gc.enable()
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def run(n: int, turns: int, repeats: int) -> dict[str, float]:
@@ -134,17 +139,21 @@ def run(n: int, turns: int, repeats: int) -> dict[str, float]:
         mine = parse_agent_response(raw, EOS).to_dict()
         assert mine == baseline_seed.parse(raw, EOS), "implementations disagree"
 
-    a = timed(decode_only, repeats)
-    b = timed(ours, repeats)
-    c = timed(seed, repeats)
-    return {"rollouts": n, "MB": megabytes, "orjson_s": a, "ours_s": b, "seed_s": c}
+    medians = timed({"orjson": decode_only, "ours": ours, "seed": seed}, repeats)
+    return {
+        "rollouts": n,
+        "MB": megabytes,
+        "orjson_s": medians["orjson"],
+        "ours_s": medians["ours"],
+        "seed_s": medians["seed"],
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, nargs="+", default=[256, 2048])
     parser.add_argument("--turns", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     print(
         f"{'rollouts':>8} {'MB':>7} {'(a) orjson':>11} {'(b) ours':>9} {'(c) seed':>9} "

@@ -12,16 +12,19 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
+import email.utils
 import enum
+import functools
 import random
 import threading
 import time
-from collections.abc import Awaitable, Coroutine, Mapping
+import types
+from collections.abc import Coroutine, Mapping
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import aiohttp
-import attrs
 
 from nemogym_sdk.policy import RetryPolicy
 
@@ -62,6 +65,9 @@ class BackgroundLoop:
         self._loop.close()
 
 
+_NO_COOKIES: Mapping[str, str] = types.MappingProxyType({})
+
+
 class Outcome(enum.Enum):
     """How one HTTP exchange ended."""
 
@@ -69,19 +75,20 @@ class Outcome(enum.Enum):
     HTTP_ERROR = "http_error"
     CONNECTION = "connection"
     TIMEOUT = "timeout"
+    PROTOCOL = "protocol"
+    """The exchange broke HTTP's rules (e.g. a redirect to a non-HTTP URL): not retried."""
 
 
-@attrs.frozen(kw_only=True)
-class Attempt:
-    """The result of one request, after retries."""
+class Attempt(NamedTuple):
+    """The result of one request, after retries (a tuple: one per request, hot path)."""
 
     outcome: Outcome
     status: int = 0
     """HTTP status (0 when no response arrived)."""
     body: bytes = b""
     """The full body for OK and HTTP errors."""
-    cookies: Mapping[str, str] = attrs.field(factory=dict)
-    """Cookies the server set (for a per-rollout jar)."""
+    cookies: Mapping[str, str] = _NO_COOKIES
+    """Cookies the server set (read only when asked for, for a per-rollout jar)."""
     error: str | None = None
     """Why it failed, as a sentence."""
     attempts: int = 1
@@ -95,16 +102,29 @@ class Attempt:
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:
+    """``Retry-After`` as seconds: delta-seconds or an HTTP date."""
     value = headers.get("Retry-After")
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
+    if value is None:
         return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return max(0.0, (when - datetime.datetime.now(datetime.UTC)).total_seconds())
 
 
 def _preview(body: bytes) -> str:
     text = body[:_BODY_PREVIEW].decode("utf-8", "replace")
     return text + ("..." if len(body) > _BODY_PREVIEW else "")
+
+
+_JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 async def post(
@@ -113,13 +133,17 @@ async def post(
     body: bytes,
     *,
     timeout: aiohttp.ClientTimeout,
+    number: int = 1,
     cookies: Mapping[str, str] | None = None,
+    want_cookies: bool = False,
 ) -> Attempt:
-    """One POST of a JSON body; never raises for network or HTTP problems."""
-    headers = {"Content-Type": "application/json"}
+    """Attempt ``number`` of a POST of a JSON body; never raises for network or HTTP problems.
+
+    This is the one edge where aiohttp's exceptions become ``Attempt`` outcomes.
+    """
     try:
         async with session.post(
-            url, data=body, headers=headers, timeout=timeout, cookies=cookies
+            url, data=body, headers=_JSON_HEADERS, timeout=timeout, cookies=cookies
         ) as response:
             payload = await response.read()
             if response.status >= 400:
@@ -128,18 +152,41 @@ async def post(
                     status=response.status,
                     body=payload,
                     error=f"HTTP {response.status} from {url}: {_preview(payload)}",
+                    attempts=number,
                     retry_after=_retry_after(response.headers),
                 )
-            jar = {name: morsel.value for name, morsel in response.cookies.items()}
-            return Attempt(outcome=Outcome.OK, status=response.status, body=payload, cookies=jar)
+            jar = (
+                {name: morsel.value for name, morsel in response.cookies.items()}
+                if want_cookies
+                else _NO_COOKIES
+            )
+            return Attempt(
+                outcome=Outcome.OK,
+                status=response.status,
+                body=payload,
+                cookies=jar,
+                attempts=number,
+            )
     except TimeoutError as exc:  # asyncio.TimeoutError is TimeoutError
         if isinstance(exc, aiohttp.ConnectionTimeoutError):
-            return Attempt(outcome=Outcome.CONNECTION, error=f"connect to {url} timed out")
-        return Attempt(outcome=Outcome.TIMEOUT, error=f"no complete answer from {url} in time")
+            error = f"connect to {url} timed out"
+            return Attempt(outcome=Outcome.CONNECTION, error=error, attempts=number)
+        error = f"no complete answer from {url} in time"
+        return Attempt(outcome=Outcome.TIMEOUT, error=error, attempts=number)
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
-        return Attempt(outcome=Outcome.CONNECTION, error=f"connection to {url} failed: {exc!r}")
+        error = f"connection to {url} failed: {exc!r}"
+        return Attempt(outcome=Outcome.CONNECTION, error=error, attempts=number)
     except aiohttp.ClientResponseError as exc:  # malformed status line or headers
-        return Attempt(outcome=Outcome.CONNECTION, error=f"bad response from {url}: {exc!r}")
+        error = f"bad response from {url}: {exc!r}"
+        return Attempt(outcome=Outcome.CONNECTION, error=error, attempts=number)
+    except (aiohttp.ClientError, ValueError) as exc:  # bad redirects, invalid URLs ...
+        error = f"request to {url} failed: {exc!r}"
+        return Attempt(outcome=Outcome.PROTOCOL, error=error, attempts=number)
+
+
+@functools.lru_cache(maxsize=32)
+def _timeout(total: float, connect: float) -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(total=total, sock_connect=connect)
 
 
 async def post_with_retries(
@@ -153,21 +200,33 @@ async def post_with_retries(
     retry: RetryPolicy,
     rng: random.Random,
     cookies: Mapping[str, str] | None = None,
+    want_cookies: bool = False,
 ) -> Attempt:
     """POST with retries on connection errors, 429 and 5xx, never past ``deadline``.
 
     ``deadline`` is an absolute ``time.monotonic()`` value (None for none); each
     attempt's timeout is the smaller of ``request_timeout`` and the time left.
     """
-    attempt = Attempt(outcome=Outcome.TIMEOUT, error="the deadline passed before sending")
+    attempt = Attempt(
+        outcome=Outcome.TIMEOUT, attempts=0, error="the deadline passed before sending"
+    )
     for number in range(1, retry.max_attempts + 1):
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
-            break
-        budget = request_timeout if left is None else min(request_timeout, left)
-        timeout = aiohttp.ClientTimeout(total=budget, sock_connect=min(connect_timeout, budget))
-        attempt = attrs.evolve(
-            await post(session, url, body, timeout=timeout, cookies=cookies), attempts=number
+        if deadline is None:
+            timeout = _timeout(request_timeout, connect_timeout)
+        else:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            budget = min(request_timeout, left)
+            timeout = aiohttp.ClientTimeout(total=budget, sock_connect=min(connect_timeout, budget))
+        attempt = await post(
+            session,
+            url,
+            body,
+            timeout=timeout,
+            number=number,
+            cookies=cookies,
+            want_cookies=want_cookies,
         )
         retryable = attempt.outcome is Outcome.CONNECTION or (
             attempt.outcome is Outcome.HTTP_ERROR and retry.retryable_status(attempt.status)
@@ -179,14 +238,3 @@ async def post_with_retries(
             break
         await asyncio.sleep(wait)
     return attempt
-
-
-async def gather_bounded(awaitables: list[Awaitable[T]]) -> list[T]:
-    """``asyncio.gather`` that cancels the rest if one raises."""
-    tasks = [asyncio.ensure_future(a) for a in awaitables]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        raise

@@ -9,8 +9,9 @@ purely async user never starts a thread).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from types import TracebackType
 from typing import Any, Self, TypeVar
 from urllib.parse import urlsplit
@@ -50,6 +51,7 @@ class SessionOwner:
         self._background: BackgroundLoop | None = None
         self._global: asyncio.Semaphore | None = None
         self._per_host: dict[str, asyncio.Semaphore] = {}
+        self._limit_cache: dict[str, tuple[asyncio.Semaphore | None, asyncio.Semaphore]] = {}
         self._closed = False
 
     # --- session ----------------------------------------------------------------------------
@@ -76,14 +78,26 @@ class SessionOwner:
         assert self._session is not None
         return self._session
 
-    def _limits(self, url: str) -> tuple[asyncio.Semaphore, asyncio.Semaphore]:
-        """The global and the per-host semaphore for ``url``."""
-        assert self._global is not None
-        host = urlsplit(url).netloc
-        per_host = self._per_host.get(host)
-        if per_host is None:
-            per_host = self._per_host[host] = asyncio.Semaphore(self.max_per_host)
-        return self._global, per_host
+    def _limits(self, url: str) -> tuple[asyncio.Semaphore | None, asyncio.Semaphore]:
+        """The per-host and the global semaphore for ``url``, in the order to take them.
+
+        The per-host slot is taken first: a job waiting for a saturated host must not
+        hold a global slot that a job for another host could use. When the per-host
+        limit is not below the global one it can never bind: None then.
+        """
+        limits = self._limit_cache.get(url)
+        if limits is None:
+            assert self._global is not None
+            per_host: asyncio.Semaphore | None
+            if self.max_per_host >= self.max_concurrency:
+                per_host = None
+            else:
+                host = urlsplit(url).netloc
+                per_host = self._per_host.get(host) or self._per_host.setdefault(
+                    host, asyncio.Semaphore(self.max_per_host)
+                )
+            limits = self._limit_cache[url] = (per_host, self._global)
+        return limits
 
     # --- sync facade ------------------------------------------------------------------------
 
@@ -99,6 +113,17 @@ class SessionOwner:
         return self._background.run(coroutine)
 
     # --- lifecycle --------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, url: str) -> AsyncIterator[None]:
+        """Hold a per-host (when it can bind) and a global slot for a request to ``url``."""
+        per_host, everyone = self._limits(url)
+        if per_host is None:
+            async with everyone:
+                yield
+        else:
+            async with per_host, everyone:
+                yield
 
     async def aclose(self) -> None:
         """Close the session (from the loop that uses it)."""

@@ -14,18 +14,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import attrs
 
 from nemogym_sdk._aio import Attempt, Outcome, post_with_retries
 from nemogym_sdk._session import SessionOwner
 from nemogym_sdk.directory import ServerDirectory
-from nemogym_sdk.errors import ConfigError, UnknownAgentError
+from nemogym_sdk.errors import ConfigError, DataError, UnknownAgentError
 from nemogym_sdk.policy import RetryPolicy, SamplingParams, Timeouts
 from nemogym_sdk.records import DriftPolicy, Rollout, RolloutRequest, RolloutStatus, TaskRow
 from nemogym_sdk.turns import Decode, parse_agent_response
@@ -67,12 +68,23 @@ class RawRun:
         return None if self.body is None else json.loads(self.body)
 
 
-@attrs.frozen
-class _Job:
-    index: int
+class _Job(NamedTuple):
+    position: int
     request: RolloutRequest
     agent_name: str
     url: str
+    """``<agent base URL>/run``."""
+    body: bytes
+    """The encoded ``/run`` body (encoded before anything is sent)."""
+
+
+_STATUS = {
+    Outcome.OK: RolloutStatus.OK,
+    Outcome.HTTP_ERROR: RolloutStatus.AGENT_ERROR,
+    Outcome.CONNECTION: RolloutStatus.TRANSPORT_ERROR,
+    Outcome.PROTOCOL: RolloutStatus.TRANSPORT_ERROR,
+    Outcome.TIMEOUT: RolloutStatus.TIMEOUT,
+}
 
 
 class AgentClient(SessionOwner):
@@ -161,51 +173,61 @@ class AgentClient(SessionOwner):
         return requests
 
     def _jobs(self, requests: Sequence[RolloutRequest]) -> list[_Job]:
+        """Route and encode every request; raises before anything is sent."""
+        overrides = self.sampling.overrides()
+        urls = {name: f"{url}/run" for name, url in self.directory.agents.items()}
         jobs = []
         for index, request in enumerate(requests):
             name = self._route(request)
-            jobs.append(_Job(index, request, name, self.directory.agent_url(name)))
+            if name not in urls:
+                self.directory.agent_url(name)  # raises UnknownAgentError naming the agents
+            try:
+                body = json.dumps(build_run_body(request.row.data, overrides)).encode()
+            except (TypeError, ValueError) as exc:
+                raise DataError(f"row {request.row.row_id} cannot be sent as JSON: {exc}") from exc
+            jobs.append(_Job(index, request, name, urls[name], body))
         return jobs
 
     # --- raw runs ---------------------------------------------------------------------------
 
+    def _deadline(self) -> float | None:
+        total = self.timeouts.total
+        return None if total is None else time.monotonic() + total
+
+    async def _send(self, job: _Job, deadline: float | None) -> Attempt:
+        if deadline is not None and time.monotonic() >= deadline:
+            return Attempt(
+                outcome=Outcome.TIMEOUT, attempts=0, error="the batch deadline passed first"
+            )
+        return await post_with_retries(
+            self._bind(),
+            job.url,
+            job.body,
+            request_timeout=self.timeouts.request,
+            connect_timeout=self.timeouts.connect,
+            deadline=deadline,
+            retry=self.retry,
+            rng=self._rng,
+        )
+
     async def _play(self, job: _Job, deadline: float | None) -> RawRun:
-        session = self._bind()
-        everyone, host = self._limits(job.url)
+        per_host, everyone = self._limits(job.url)
         started = time.monotonic()
-        body = json.dumps(build_run_body(job.request.row.data, self.sampling.overrides())).encode()
-        async with everyone, host:
-            if deadline is not None and time.monotonic() >= deadline:
-                attempt = Attempt(
-                    outcome=Outcome.TIMEOUT, attempts=0, error="the batch deadline passed first"
-                )
-            else:
-                attempt = await post_with_retries(
-                    session,
-                    f"{job.url}/run",
-                    body,
-                    request_timeout=self.timeouts.request,
-                    connect_timeout=self.timeouts.connect,
-                    deadline=deadline,
-                    retry=self.retry,
-                    rng=self._rng,
-                )
-        if attempt.attempts > 1:
-            logger.debug("row %s: %d attempts", job.request.row.row_id, attempt.attempts)
-        status = {
-            Outcome.OK: RolloutStatus.OK,
-            Outcome.HTTP_ERROR: RolloutStatus.AGENT_ERROR,
-            Outcome.CONNECTION: RolloutStatus.TRANSPORT_ERROR,
-            Outcome.TIMEOUT: RolloutStatus.TIMEOUT,
-        }[attempt.outcome]
+        if per_host is None:  # the per-host limit cannot bind: skip it (hot path)
+            async with everyone:
+                attempt = await self._send(job, deadline)
+        else:
+            async with per_host, everyone:
+                attempt = await self._send(job, deadline)
         error = attempt.error
         if error is not None and attempt.attempts > 1:
             error = f"{error} (after {attempt.attempts} attempts)"
+            logger.debug("row %s: %s", job.request.row.row_id, error)
         return RawRun(
             request=job.request,
-            index=job.index,
+            index=job.position,
             agent_name=job.agent_name,
-            status=status,
+            status=_STATUS[attempt.outcome],
             body=attempt.body if attempt.ok else None,
             error=error,
             http_status=attempt.status,
@@ -213,14 +235,28 @@ class AgentClient(SessionOwner):
             seconds=time.monotonic() - started,
         )
 
-    async def stream_raw(
-        self, rows: Iterable[RowInput], *, num_generations: int = 1
-    ) -> AsyncIterator[RawRun]:
-        """Play every row ``num_generations`` times; yield each exchange as it completes."""
+    async def run_raw(self, rows: Iterable[RowInput], *, num_generations: int = 1) -> list[RawRun]:
+        """Play every row ``num_generations`` times; unparsed exchanges in input order."""
         jobs = self._jobs(self.plan(rows, num_generations))
         self._bind()
-        total = self.timeouts.total
-        deadline = None if total is None else time.monotonic() + total
+        deadline = self._deadline()
+        tasks = [asyncio.ensure_future(self._play(job, deadline)) for job in jobs]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def stream_raw(
+        self, rows: Iterable[RowInput], *, num_generations: int = 1
+    ) -> AsyncGenerator[RawRun, None]:
+        """Play every row ``num_generations`` times; yield each exchange as it completes.
+
+        Closing the generator early (``break``, ``aclose``) cancels what is still running.
+        """
+        jobs = self._jobs(self.plan(rows, num_generations))
+        self._bind()
+        deadline = self._deadline()
         tasks = [asyncio.ensure_future(self._play(job, deadline)) for job in jobs]
         try:
             for next_done in asyncio.as_completed(tasks):
@@ -270,16 +306,21 @@ class AgentClient(SessionOwner):
         on_drift: DriftPolicy | str = DriftPolicy.MARK,
         max_completion_length: int | None = None,
         decode: Decode | None = None,
-    ) -> AsyncIterator[Rollout]:
-        """Yield rollouts as they complete (each tagged with ``row_id`` and ``repeat_index``)."""
-        async for raw in self.stream_raw(rows, num_generations=num_generations):
-            yield self.to_rollout(
-                raw,
-                eos_token_id,
-                on_drift=on_drift,
-                max_completion_length=max_completion_length,
-                decode=decode,
-            )
+    ) -> AsyncGenerator[Rollout, None]:
+        """Yield rollouts as they complete (each tagged with ``row_id`` and ``repeat_index``).
+
+        Closing the generator early (``break``, ``aclose``) cancels what is still running.
+        """
+        raws = self.stream_raw(rows, num_generations=num_generations)
+        async with contextlib.aclosing(raws):
+            async for raw in raws:
+                yield self.to_rollout(
+                    raw,
+                    eos_token_id,
+                    on_drift=on_drift,
+                    max_completion_length=max_completion_length,
+                    decode=decode,
+                )
 
     async def run(
         self,
@@ -292,19 +333,17 @@ class AgentClient(SessionOwner):
         decode: Decode | None = None,
     ) -> list[Rollout]:
         """Play every row ``num_generations`` times; rollouts in input order (``aabb``)."""
-        results: list[Rollout | None] = []
-        async for raw in self.stream_raw(rows, num_generations=num_generations):
-            if raw.index >= len(results):
-                results.extend([None] * (raw.index + 1 - len(results)))
-            results[raw.index] = self.to_rollout(
+        raws = await self.run_raw(rows, num_generations=num_generations)
+        return [
+            self.to_rollout(
                 raw,
                 eos_token_id,
                 on_drift=on_drift,
                 max_completion_length=max_completion_length,
                 decode=decode,
             )
-        assert all(r is not None for r in results)
-        return [r for r in results if r is not None]
+            for raw in raws
+        ]
 
     def run_sync(
         self,
@@ -329,10 +368,6 @@ class AgentClient(SessionOwner):
             )
         )
 
-    async def _collect_raw(self, rows: list[RowInput], num_generations: int) -> list[RawRun]:
-        found = [raw async for raw in self.stream_raw(rows, num_generations=num_generations)]
-        return sorted(found, key=lambda raw: raw.index)
-
     def run_raw_sync(self, rows: Iterable[RowInput], *, num_generations: int = 1) -> list[RawRun]:
-        """Unparsed exchanges in input order, for synchronous callers."""
-        return self._run_sync(self._collect_raw(list(rows), num_generations))
+        """``run_raw`` for synchronous callers, on the client's own loop thread."""
+        return self._run_sync(self.run_raw(list(rows), num_generations=num_generations))

@@ -57,18 +57,24 @@ def collate(
     P = _round_up(int(prompt_lens_B.max()), pad_to_multiple_of)
     T = _round_up(int(completion_lens_B.max()), pad_to_multiple_of)
 
-    prompt_ids_BP = np.full((B, P), pad_token_id, dtype=np.int64)
-    completion_ids_BT = np.full((B, T), pad_token_id, dtype=np.int64)
-    env_mask_BT = np.ones((B, T), dtype=np.int8)
-    logprobs_BT = np.zeros((B, T), dtype=np.float32)
+    # Each row is written once: its tokens, then its padding (no full-array pre-fill).
+    prompt_ids_BP = np.empty((B, P), dtype=np.int64)
+    completion_ids_BT = np.empty((B, T), dtype=np.int64)
+    env_mask_BT = np.empty((B, T), dtype=np.int8)
+    logprobs_BT = np.empty((B, T), dtype=np.float32)
     for b, rollout in enumerate(rows):
-        p, t = int(prompt_lens_B[b]), int(completion_lens_B[b])
-        prompt_ids_BP[b, P - p :] = rollout.prompt_ids
+        start, t = P - int(prompt_lens_B[b]), int(completion_lens_B[b])
+        prompt_ids_BP[b, :start] = pad_token_id
+        prompt_ids_BP[b, start:] = rollout.prompt_ids
         completion_ids_BT[b, :t] = rollout.completion_ids
+        completion_ids_BT[b, t:] = pad_token_id
         env_mask_BT[b, :t] = rollout.env_mask
+        env_mask_BT[b, t:] = 1
         logprobs_BT[b, :t] = rollout.logprobs
-    prompt_mask_BP = (np.arange(P)[None, :] >= (P - prompt_lens_B)[:, None]).astype(np.int8)
-    completion_mask_BT = (np.arange(T)[None, :] < completion_lens_B[:, None]).astype(np.int8)
+        logprobs_BT[b, t:] = 0.0
+    # bool -> int8 is a view (same item size), not a copy
+    prompt_mask_BP = (np.arange(P)[None, :] >= (P - prompt_lens_B)[:, None]).view(np.int8)
+    completion_mask_BT = (np.arange(T)[None, :] < completion_lens_B[:, None]).view(np.int8)
 
     component_names = sorted({name for r in rows for name in r.reward_components})
     components = {

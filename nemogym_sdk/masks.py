@@ -29,11 +29,6 @@ import numpy.typing as npt
 __all__ = ["Completion", "CompletionBuilder"]
 
 
-def _frozen(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
-    array.setflags(write=False)
-    return array
-
-
 @attrs.frozen(kw_only=True, eq=False)
 class Completion:
     """Aligned completion arrays, all of shape ``[T]`` and read-only."""
@@ -69,14 +64,28 @@ class Completion:
         )
 
 
-class CompletionBuilder:
-    """Collects model and environment segments, then writes them into arrays once."""
+Buffer = bytes | bytearray | memoryview
+"""Raw native-endian buffers of bytes (``len`` counts bytes): int64 token ids, float64
+logprobs."""
 
-    __slots__ = ("_length", "_segments")
+_ID_BYTES = 8
+_ONE = b"\x01"
+_ZERO = b"\x00"
+
+
+class CompletionBuilder:
+    """Collects model and environment segments, then joins them once.
+
+    Segments are kept as raw native buffers and joined with ``bytes.join``, so
+    building costs the same few C calls whatever the number of segments.
+    """
+
+    __slots__ = ("_ids", "_length", "_logprobs", "_mask")
 
     def __init__(self) -> None:
-        # (ids, logprobs) per segment; logprobs None marks an environment segment
-        self._segments: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64] | None]] = []
+        self._ids: list[Buffer] = []
+        self._mask: list[bytes] = []
+        self._logprobs: list[Buffer] = []
         self._length = 0
 
     def __len__(self) -> int:
@@ -88,42 +97,51 @@ class CompletionBuilder:
         Raises ``ValueError`` when the counts differ: a missing logprob is never
         padded, because a made-up 0.0 means probability 1 and corrupts importance ratios.
         """
-        ids_T = np.asarray(ids, dtype=np.int64)
-        logprobs_T = np.asarray(logprobs, dtype=np.float64)
-        if ids_T.shape != logprobs_T.shape or ids_T.ndim != 1:
-            raise ValueError(
-                f"{logprobs_T.size} logprobs for {ids_T.size} generated tokens; "
-                "each generated token needs exactly one logprob"
-            )
-        self._append(ids_T, logprobs_T)
+        ids_T = _as_1d(ids, np.int64)
+        logprobs_T = _as_1d(logprobs, np.float64)
+        self.add_model_raw(ids_T.data.cast("B"), logprobs_T.data.cast("B"))
 
     def add_env(self, ids: npt.ArrayLike | Sequence[int]) -> None:
         """Append environment tokens (mask 0, logprob 0.0)."""
-        ids_T = np.asarray(ids, dtype=np.int64)
-        if ids_T.ndim != 1:
-            raise ValueError(f"expected a 1-D sequence of ids, got shape {ids_T.shape}")
-        self._append(ids_T, None)
+        self.add_env_raw(_as_1d(ids, np.int64).data.cast("B"))
 
-    def _append(
-        self, ids_T: npt.NDArray[np.int64], logprobs_T: npt.NDArray[np.float64] | None
-    ) -> None:
-        if ids_T.shape[0]:
-            self._segments.append((ids_T, logprobs_T))
-            self._length += int(ids_T.shape[0])
+    def add_model_raw(self, ids: Buffer, logprobs: Buffer) -> None:
+        """``add_model`` for raw byte buffers: native int64 ids and float64 logprobs."""
+        n_bytes = len(ids)
+        if n_bytes != len(logprobs) or n_bytes % _ID_BYTES:
+            raise ValueError(
+                f"{len(logprobs) // _ID_BYTES} logprobs for {n_bytes // _ID_BYTES} generated "
+                "tokens; each generated token needs exactly one logprob"
+            )
+        if n_bytes:
+            n = n_bytes // _ID_BYTES
+            self._ids.append(ids)
+            self._mask.append(_ONE * n)
+            self._logprobs.append(logprobs)
+            self._length += n
+
+    def add_env_raw(self, ids: Buffer) -> None:
+        """``add_env`` for a raw byte buffer of native int64 ids."""
+        n_bytes = len(ids)
+        if n_bytes % _ID_BYTES:
+            raise ValueError(f"{n_bytes} bytes is not a whole number of int64 token ids")
+        if n_bytes:
+            self._ids.append(ids)
+            self._mask.append(_ZERO * (n_bytes // _ID_BYTES))
+            self._logprobs.append(bytes(n_bytes))  # 0.0 is all-zero bytes
+            self._length += n_bytes // _ID_BYTES
 
     def build(self) -> Completion:
         """The completion assembled so far (the builder can keep growing afterwards)."""
-        ids_T = np.empty(self._length, dtype=np.int64)
-        mask_T = np.zeros(self._length, dtype=np.int8)
-        logprobs_T = np.zeros(self._length, dtype=np.float64)
-        start = 0
-        for segment_ids, segment_logprobs in self._segments:
-            stop = start + segment_ids.shape[0]
-            ids_T[start:stop] = segment_ids
-            if segment_logprobs is not None:
-                mask_T[start:stop] = 1
-                logprobs_T[start:stop] = segment_logprobs
-            start = stop
         return Completion(
-            ids=_frozen(ids_T), env_mask=_frozen(mask_T), logprobs=_frozen(logprobs_T)
+            ids=np.frombuffer(b"".join(self._ids), dtype=np.int64),
+            env_mask=np.frombuffer(b"".join(self._mask), dtype=np.int8),
+            logprobs=np.frombuffer(b"".join(self._logprobs), dtype=np.float64),
         )
+
+
+def _as_1d(values: object, dtype: type[np.generic]) -> npt.NDArray[Any]:
+    array = np.ascontiguousarray(values, dtype=dtype)
+    if array.ndim != 1:
+        raise ValueError(f"expected a 1-D sequence, got shape {array.shape}")
+    return array

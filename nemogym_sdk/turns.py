@@ -27,7 +27,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import attrs
 import numpy as np
 import numpy.typing as npt
 
@@ -42,7 +41,6 @@ Decode = Callable[[Sequence[int]], str]
 """Turns token ids into text, e.g. ``tokenizer.decode``; used for drift reports."""
 
 _DRIFT_WINDOW = 16
-_ID_BYTES = 8  # token ids travel as int64
 
 
 def parse_agent_response(
@@ -82,10 +80,14 @@ def parse_agent_response(
 def _check_arguments(
     eos_token_id: int, on_drift: DriftPolicy | str, max_completion_length: int | None
 ) -> DriftPolicy:
-    if isinstance(eos_token_id, bool) or not isinstance(eos_token_id, (int, np.integer)):
+    if type(eos_token_id) is not int and (
+        isinstance(eos_token_id, bool) or not isinstance(eos_token_id, (int, np.integer))
+    ):
         raise ConfigError(f"eos_token_id must be an int, got {eos_token_id!r}")
     if max_completion_length is not None and max_completion_length < 1:
         raise ConfigError(f"max_completion_length must be >= 1, got {max_completion_length}")
+    if type(on_drift) is DriftPolicy:
+        return on_drift
     try:
         return DriftPolicy(on_drift)
     except ValueError:
@@ -128,44 +130,32 @@ def _failure(result: RunResult, eos: int) -> Rollout | None:
                 "model server for training (return_token_id_information: true)"
             ),
         )
-    for number, turn in enumerate(result.turns):
-        problem = _turn_problem(number, turn)
-        if problem is not None:
-            return Rollout.failed(
-                RolloutStatus.INVALID,
-                eos,
-                error=problem,
-                reward=kept,
-                reward_components=components,
-            )
-    return None
-
-
-def _turn_problem(number: int, turn: ModelTurn) -> str | None:
-    where = f"model turn {number} (output item {turn.output_index})"
-    if turn.prompt is None:
-        return f"{where}: prompt_token_ids is missing or not an array of integers"
-    if number == 0 and not turn.prompt:
-        return f"{where}: prompt_token_ids is empty"
-    if turn.logprobs is None:
-        return f"{where}: generation_log_probs is missing or not an array of finite numbers"
-    n_generated = len(turn.generation) // _ID_BYTES
-    if turn.logprobs.shape[0] != n_generated:
-        return (
-            f"{where}: {turn.logprobs.shape[0]} generation_log_probs for "
-            f"{n_generated} generation_token_ids"
+    if result.turn_problem is not None:
+        return Rollout.failed(
+            RolloutStatus.INVALID,
+            eos,
+            error=result.turn_problem,
+            reward=kept,
+            reward_components=components,
         )
     return None
 
 
-@attrs.define
 class _Segment:
     """A sample under construction: its prompt, its completion and its turn count."""
 
-    prompt_ids: npt.NDArray[np.int64]
-    builder: CompletionBuilder = attrs.field(factory=CompletionBuilder)
-    num_turns: int = 0
-    drift: DriftReport | None = None
+    __slots__ = ("builder", "drift", "num_turns", "prompt_ids")
+
+    def __init__(
+        self,
+        prompt_ids: npt.NDArray[np.int64],
+        builder: CompletionBuilder,
+        drift: DriftReport | None = None,
+    ) -> None:
+        self.prompt_ids = prompt_ids
+        self.builder = builder
+        self.num_turns = 0
+        self.drift = drift
 
 
 def _stitch(
@@ -175,27 +165,31 @@ def _stitch(
     max_completion_length: int | None,
     decode: Decode | None,
 ) -> Rollout:
-    turns = result.turns
     segments: list[_Segment] = []
     drift: DriftReport | None = None
     previous: ModelTurn | None = None
-    for number, turn in enumerate(turns):
-        prompt_ids = turn.prompt_ids
-        assert prompt_ids is not None and turn.logprobs is not None  # _turn_problem
+    builder = CompletionBuilder()
+    for number, turn in enumerate(result.turns):
+        prompt = turn.prompt
+        assert prompt is not None and turn.logprobs is not None  # _failure checked
         if previous is None:
-            segments.append(_Segment(prompt_ids=prompt_ids))
+            segments.append(_Segment(np.frombuffer(prompt, dtype=np.int64), builder))
         else:
-            history = _history_bytes(previous, turn)
-            if history is None:
+            history = previous.prompt
+            assert history is not None
+            n_prompt = len(history)
+            # history = previous prompt + previous generation: two memcmps, no copies
+            if prompt.startswith(history) and prompt.startswith(previous.generation, n_prompt):
+                builder.add_env_raw(prompt[n_prompt + len(previous.generation) :])
+            else:
                 drift = _drift_report(number, previous, turn, decode)
                 if policy is DriftPolicy.RAISE:
                     raise DriftError(str(drift))
                 if policy is DriftPolicy.MARK:
                     break
-                segments.append(_Segment(prompt_ids=prompt_ids, drift=drift))
-            else:
-                segments[-1].builder.add_env(prompt_ids[history // _ID_BYTES :])
-        segments[-1].builder.add_model(turn.generation_ids, turn.logprobs)
+                builder = CompletionBuilder()
+                segments.append(_Segment(np.frombuffer(prompt, dtype=np.int64), builder, drift))
+        builder.add_model_raw(turn.generation, turn.logprobs)
         segments[-1].num_turns += 1
         previous = turn
 
@@ -224,21 +218,6 @@ def _stitch(
     forks = tuple(finish(segment, drift=segment.drift) for segment in segments[1:])
     first_drift = drift if policy is DriftPolicy.MARK else None
     return finish(segments[0], forks=forks, drift=first_drift)
-
-
-def _history_bytes(previous: ModelTurn, turn: ModelTurn) -> int | None:
-    """Byte length of the history if ``turn``'s prompt extends it, else None (drift).
-
-    The history is the previous prompt followed by the previous generation; both
-    checks are ``bytes.startswith`` on the raw int64 buffers (a memcmp, no copy).
-    """
-    assert previous.prompt is not None and turn.prompt is not None
-    n_prompt = len(previous.prompt)
-    if not turn.prompt.startswith(previous.prompt):
-        return None
-    if not turn.prompt.startswith(previous.generation, n_prompt):
-        return None
-    return n_prompt + len(previous.generation)
 
 
 def _drift_report(

@@ -39,6 +39,7 @@ HEAD_ENV_VAR = "NEMOGYM_HEAD_URL"
 _STATUS = {
     Outcome.HTTP_ERROR: RolloutStatus.AGENT_ERROR,
     Outcome.CONNECTION: RolloutStatus.TRANSPORT_ERROR,
+    Outcome.PROTOCOL: RolloutStatus.TRANSPORT_ERROR,
     Outcome.TIMEOUT: RolloutStatus.TIMEOUT,
 }
 
@@ -146,18 +147,25 @@ class Verifier(SessionOwner):
         self.seed_session = seed_session
 
     async def _post(
-        self, url: str, body: dict[str, Any], cookies: Mapping[str, str], deadline: float | None
+        self,
+        url: str,
+        body: bytes,
+        cookies: Mapping[str, str],
+        deadline: float | None,
+        *,
+        want_cookies: bool = False,
     ) -> Attempt:
         return await post_with_retries(
             self._bind(),
             url,
-            json.dumps(body).encode(),
+            body,
             request_timeout=self.timeouts.request,
             connect_timeout=self.timeouts.connect,
             deadline=deadline,
             retry=self.retry,
             rng=self._rng,
             cookies=cookies,
+            want_cookies=want_cookies,
         )
 
     async def _one(self, item: VerifyItem, deadline: float | None) -> VerifyResult:
@@ -167,17 +175,22 @@ class Verifier(SessionOwner):
             return VerifyResult(status=RolloutStatus.INVALID, error=str(exc))
         params = item.row.get(RESPONSES_CREATE_PARAMS)
         tools = params.get("tools", []) if isinstance(params, Mapping) else []
-        response = build_response(item.completion, model=self.model_name, tools=tools or [])
-        everyone, host = self._limits(base)
-        async with everyone, host:
+        try:
+            response = build_response(item.completion, model=self.model_name, tools=tools or [])
+            seed_body = json.dumps(dict(item.row)).encode()
+            verify_body = json.dumps(build_verify_body(item.row, response)).encode()
+        except (TypeError, ValueError, AttributeError) as exc:
+            return VerifyResult(status=RolloutStatus.INVALID, error=f"cannot encode: {exc}")
+        async with self._slot(base):
             cookies: dict[str, str] = {}
             if self.seed_session:
-                seeded = await self._post(f"{base}/seed_session", dict(item.row), cookies, deadline)
+                seeded = await self._post(
+                    f"{base}/seed_session", seed_body, cookies, deadline, want_cookies=True
+                )
                 if not seeded.ok:
                     return VerifyResult(status=_STATUS[seeded.outcome], error=seeded.error)
                 cookies.update(seeded.cookies)
-            body = build_verify_body(item.row, response)
-            answer = await self._post(f"{base}/verify", body, cookies, deadline)
+            answer = await self._post(f"{base}/verify", verify_body, cookies, deadline)
         if not answer.ok:
             return VerifyResult(status=_STATUS[answer.outcome], error=answer.error)
         return _verdict(answer.body)

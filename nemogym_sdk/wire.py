@@ -16,10 +16,9 @@ import json
 import math
 import re
 import threading
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, NamedTuple
 
-import attrs
 import numpy as np
 import numpy.typing as npt
 import simdjson
@@ -47,22 +46,23 @@ TEXT = "text"
 _INT64 = np.dtype(np.int64)
 
 
-@attrs.frozen(kw_only=True, eq=False)
-class ModelTurn:
+class ModelTurn(NamedTuple):
     """One model call's token data, from the output item that carries it.
 
-    Token ids are kept as raw native ``int64`` bytes: prefix checks are then a
-    ``bytes.startswith`` (a memcmp, no copy), and arrays are zero-copy views.
+    Token arrays are kept as raw native buffers (int64 ids, float64 logprobs): prefix
+    checks are then a ``bytes.startswith`` (a memcmp, no copy), segments join with
+    ``bytes.join``, and arrays are zero-copy views. (A tuple, not an attrs record: one
+    is built per model turn on the parser's hot path.)
     """
 
     output_index: int
     """Index of the item in ``response.output``."""
     prompt: bytes | None
     """``prompt_token_ids`` as int64 bytes; None when missing or malformed."""
-    generation: bytes
-    """``generation_token_ids`` as int64 bytes (non-empty)."""
-    logprobs: npt.NDArray[np.float64] | None
-    """``generation_log_probs``; None when missing or malformed."""
+    generation: bytes | memoryview
+    """``generation_token_ids`` as an int64 buffer (non-empty)."""
+    logprobs: bytes | memoryview | None
+    """``generation_log_probs`` as a float64 buffer; None when missing or malformed."""
 
     @property
     def prompt_ids(self) -> npt.NDArray[np.int64] | None:
@@ -74,10 +74,14 @@ class ModelTurn:
         """``generation_token_ids`` as a read-only array (a view of ``generation``)."""
         return np.frombuffer(self.generation, dtype=_INT64)
 
+    @property
+    def logprob_values(self) -> npt.NDArray[np.float64] | None:
+        """``generation_log_probs`` as a read-only array (a view of ``logprobs``)."""
+        return None if self.logprobs is None else np.frombuffer(self.logprobs, dtype=np.float64)
 
-@attrs.frozen(kw_only=True, eq=False)
-class RunResult:
-    """The parts of a ``/run`` result that training needs."""
+
+class RunResult(NamedTuple):
+    """The parts of a ``/run`` result that training needs (a tuple: one per response)."""
 
     invalid: str | None = None
     """Why the result is structurally malformed, or None."""
@@ -87,7 +91,7 @@ class RunResult:
     """``reward`` (0.0 when absent); None when present but not a finite number."""
     mask_sample: bool = False
     """The environment asked to leave the sample out."""
-    reward_components: dict[str, float] = attrs.field(factory=dict)
+    reward_components: dict[str, float] = {}  # noqa: RUF012 - never mutated
     """Numeric entries of ``reward_components``."""
     num_output_items: int = 0
     """Length of ``response.output``."""
@@ -95,6 +99,9 @@ class RunResult:
     """The output holds a function call or a message with non-empty text."""
     turns: tuple[ModelTurn, ...] = ()
     """Model turns, in output order (items with non-empty ``generation_token_ids``)."""
+    turn_problem: str | None = None
+    """Why the first unusable model turn cannot be stitched (missing or empty prompt ids,
+    missing logprobs, or a logprob count that differs from the token count)."""
 
 
 def decode_run_result(response: bytes | bytearray | memoryview | str | Any) -> RunResult:
@@ -146,60 +153,73 @@ def _is_number(value: Any) -> bool:
     return type(value) in (int, float)
 
 
-def _int_bytes(value: Any) -> bytes | None:
-    """A JSON array of integers as native int64 bytes, or None if it is anything else."""
-    if type(value) is simdjson.Array:
-        try:
-            raw = bytes(value.as_buffer(of_type="i"))
-        except (TypeError, ValueError):
-            return None
-        return raw if _flat(value, len(raw) // 8) else None
-    if isinstance(value, (list, tuple)):
-        if not value:
-            return b""
-        if any(v is True or v is False for v in value):
-            return None
-        try:
-            array = np.asarray(value)
-        except (ValueError, TypeError, OverflowError):
-            return None
-        if array.ndim != 1 or array.dtype.kind not in "iu":
-            return None
-        if array.dtype.kind == "u" and array.max() > np.iinfo(np.int64).max:
-            return None
-        return array.astype(_INT64, copy=False).tobytes()
-    return None
+def _simd_buffer(value: Any, of_type: Literal["i", "d"]) -> memoryview | None:
+    """A flat simdjson array of numbers as a native 8-byte buffer (``of_type`` ``"i"``:
+    int64, ``"d"``: float64), or None if it is anything else.
 
-
-def _float_array(value: Any) -> npt.NDArray[np.float64] | None:
-    """A 1-D float64 array from a JSON array of finite numbers, or None otherwise."""
-    if type(value) is simdjson.Array:
-        try:
-            array = np.frombuffer(value.as_buffer(of_type="d"), dtype=np.float64)
-        except (TypeError, ValueError):  # e.g. booleans mixed in
-            return None
-        # simdjson rejects NaN, Infinity and out-of-range numbers: no finiteness check.
-        return array if _flat(value, array.shape[0]) else None
-    if isinstance(value, (list, tuple)):
-        if not value:
-            return np.zeros(0, dtype=np.float64)
-        if any(type(v) not in (int, float) for v in value):
-            return None
-        array = np.asarray(value, dtype=np.float64)
-        return array if bool(np.isfinite(array).all()) else None
-    return None
-
-
-def _flat(value: Any, count: int) -> bool:
-    """Whether ``as_buffer`` read a flat array (it silently flattens nested ones).
-
-    A nested array almost always changes the element count; checking the first
-    element as well catches ``[[1], [2]]``-shaped data in O(1). (simdjson indexes
-    arrays in linear time, so checking every or the last element would cost as much as
-    decoding the array into Python objects.)
+    ``as_buffer`` silently flattens nested arrays; a nested array almost always changes
+    the element count, and checking the first element catches ``[[1], [2]]`` in O(1)
+    (simdjson indexes arrays in linear time, so checking every element would cost as
+    much as decoding into Python objects). simdjson itself rejects NaN, Infinity and
+    out-of-range numbers.
     """
-    n = len(value)
-    return count == n and (n == 0 or type(value[0]) is not simdjson.Array)
+    try:
+        buffer = memoryview(value.as_buffer(of_type=of_type))
+        n = len(value)
+    except (AttributeError, TypeError, ValueError):  # not an array, or wrong element types
+        return None
+    if buffer.nbytes == 8 * n and (not n or type(value[0]) is not simdjson.Array):
+        return buffer
+    return None
+
+
+def _py_ints(value: Any) -> bytes | None:
+    """A Python list of integers as native int64 bytes, or None if it is anything else."""
+    if not isinstance(value, (list, tuple)):
+        return None
+    if not value:
+        return b""
+    if any(v is True or v is False for v in value):
+        return None
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError, OverflowError):
+        return None
+    if array.ndim != 1 or array.dtype.kind not in "iu":
+        return None
+    if array.dtype.kind == "u" and array.max() > np.iinfo(np.int64).max:
+        return None
+    return array.astype(_INT64, copy=False).tobytes()
+
+
+def _py_floats(value: Any) -> bytes | None:
+    """A Python list of finite numbers as native float64 bytes, or None otherwise."""
+    if not isinstance(value, (list, tuple)):
+        return None
+    if not value:
+        return b""
+    if any(type(v) not in (int, float) for v in value):
+        return None
+    array = np.asarray(value, dtype=np.float64)
+    return array.tobytes() if bool(np.isfinite(array).all()) else None
+
+
+Getter = Callable[..., Any]
+_MISSING = object()
+
+
+def _getter(obj: Any) -> Getter:
+    """``obj.get`` for a dict; for a simdjson object, a lookup through its key set.
+
+    pysimdjson raises and catches an exception inside ``get`` and ``in`` for a missing
+    key (~6 us each); one pass over the keys costs ~1 us, and most output items lack
+    the token fields.
+    """
+    if type(obj) is simdjson.Object:
+        keys = set(obj.keys())
+        return lambda key, default=None: obj[key] if key in keys else default
+    get: Getter = obj.get
+    return get
 
 
 def _has_text(content: Any) -> bool:
@@ -208,24 +228,24 @@ def _has_text(content: Any) -> bool:
     if not _is_array(content):
         return False
     for part in content:
-        if _is_object(part) and part.get(ITEM_TYPE) == OUTPUT_TEXT:
-            text = part.get(TEXT)
-            if isinstance(text, str) and text.strip():
-                return True
+        if not _is_object(part):
+            continue
+        get = _getter(part)
+        text = get(TEXT)
+        if get(ITEM_TYPE) == OUTPUT_TEXT and isinstance(text, str) and text.strip():
+            return True
     return False
 
 
-def _reward(top: Any) -> float | None:
-    if REWARD not in top:
+def _reward(value: Any) -> float | None:
+    if value is _MISSING:
         return 0.0
-    value = top.get(REWARD)
     if _is_number(value) and math.isfinite(value):
         return float(value)
     return None
 
 
-def _components(top: Any) -> dict[str, float]:
-    raw = top.get(REWARD_COMPONENTS)
+def _components(raw: Any) -> dict[str, float]:
     if not _is_object(raw):
         return {}
     return {str(k): float(v) for k, v in raw.items() if _is_number(v) and math.isfinite(v)}
@@ -234,57 +254,98 @@ def _components(top: Any) -> dict[str, float]:
 def _walk(top: Any) -> RunResult:
     if not _is_object(top):
         return RunResult(invalid="the response is not a JSON object")
-    error = top.get(ERROR)
+    get = _getter(top)
+    error = get(ERROR)
     common: dict[str, Any] = {
         "error": None if error is None else str(error),
-        "reward": _reward(top),
-        "mask_sample": top.get(MASK_SAMPLE) is True,
-        "reward_components": _components(top),
+        "reward": _reward(get(REWARD, _MISSING)),
+        "mask_sample": get(MASK_SAMPLE) is True,
+        "reward_components": _components(get(REWARD_COMPONENTS)),
     }
-    response = top.get(RESPONSE)
+    response = get(RESPONSE)
     if response is None:
         return RunResult(**common)
     if not _is_object(response):
         return RunResult(invalid="'response' is not an object", **common)
-    output = response.get(OUTPUT)
+    try:  # nearly always present: a direct lookup, not a key scan
+        output = response[OUTPUT]
+    except KeyError:
+        output = None
     if output is None:
         return RunResult(**common)
     if not _is_array(output):
         return RunResult(invalid="'response.output' is not an array", **common)
 
+    simd = type(output) is simdjson.Array
     has_answer = False
+    problem: str | None = None
     turns: list[ModelTurn] = []
     for index, item in enumerate(output):
-        if not _is_object(item):
+        if simd and type(item) is simdjson.Object:
+            keys: Any = tuple(item.keys())  # a missing-key lookup costs a raised exception
+        elif isinstance(item, Mapping):
+            keys = item
+        else:
             return RunResult(invalid=f"output item {index} is not an object", **common)
-        kind = item.get(ITEM_TYPE)
-        if kind == FUNCTION_CALL or (kind == MESSAGE and _has_text(item.get(CONTENT))):
-            has_answer = True
-        raw_generation = item.get(GENERATION_TOKEN_IDS)
+        if not has_answer and ITEM_TYPE in keys:
+            kind = item[ITEM_TYPE]
+            if kind == FUNCTION_CALL or (
+                kind == MESSAGE and CONTENT in keys and _has_text(item[CONTENT])
+            ):
+                has_answer = True
+        raw_generation = item[GENERATION_TOKEN_IDS] if GENERATION_TOKEN_IDS in keys else None
         if raw_generation is None:
             continue
-        generation = _int_bytes(raw_generation)
+        raw_prompt = item[PROMPT_TOKEN_IDS] if PROMPT_TOKEN_IDS in keys else None
+        raw_logprobs = item[GENERATION_LOG_PROBS] if GENERATION_LOG_PROBS in keys else None
+        prompt: bytes | None
+        generation: bytes | memoryview | None
+        logprobs: bytes | memoryview | None
+        if simd:
+            generation = _simd_buffer(raw_generation, "i")
+            buffer = _simd_buffer(raw_prompt, "i")
+            prompt = None if buffer is None else bytes(buffer)  # a startswith receiver
+            logprobs = _simd_buffer(raw_logprobs, "d") if raw_logprobs is not None else None
+        else:
+            generation = _py_ints(raw_generation)
+            prompt = _py_ints(raw_prompt)
+            logprobs = _py_floats(raw_logprobs)
         if generation is None:
             return RunResult(
                 invalid=f"output item {index}: generation_token_ids is not an array of integers",
                 **common,
             )
-        if not generation:
+        if not len(generation):
             continue
-        turns.append(
-            ModelTurn(
-                output_index=index,
-                prompt=_int_bytes(item.get(PROMPT_TOKEN_IDS)),
-                generation=generation,
-                logprobs=_float_array(item.get(GENERATION_LOG_PROBS)),
-            )
-        )
+        turn = ModelTurn(index, prompt, generation, logprobs)
+        if problem is None and (
+            prompt is None
+            or (not turns and not prompt)
+            or logprobs is None
+            or len(logprobs) != len(generation)
+        ):
+            problem = _turn_problem(len(turns), turn)
+        turns.append(turn)
     return RunResult(
         num_output_items=len(output),
         has_answer=has_answer,
         turns=tuple(turns),
+        turn_problem=problem,
         **common,
     )
+
+
+def _turn_problem(number: int, turn: ModelTurn) -> str:
+    """Why a model turn cannot be stitched (its buffers: int64 ids, float64 logprobs)."""
+    where = f"model turn {number} (output item {turn.output_index})"
+    if turn.prompt is None:
+        return f"{where}: prompt_token_ids is missing or not an array of integers"
+    if turn.logprobs is None:
+        return f"{where}: generation_log_probs is missing or not an array of finite numbers"
+    n_generated, n_logprobs = len(turn.generation) // 8, len(turn.logprobs) // 8
+    if n_logprobs != n_generated:
+        return f"{where}: {n_logprobs} generation_log_probs for {n_generated} generation_token_ids"
+    return f"{where}: prompt_token_ids is empty"
 
 
 # --- request bodies ---------------------------------------------------------------------

@@ -172,3 +172,37 @@ def test_build_response_shapes(completion: Any, types: list[str]) -> None:
     for item in response["output"]:
         if item["type"] == "function_call":
             assert isinstance(item["arguments"], str)
+
+
+def test_unencodable_row_fails_before_sending() -> None:
+    """A row JSON cannot encode raises DataError naming the row; nothing is sent."""
+    from nemogym_sdk import DataError
+
+    bad = TaskRow(row_id="rows.jsonl:7", data={"responses_create_params": {"input": object()}})
+    with agent_server() as agent, AgentClient({"a": agent.url}) as client:
+        with pytest.raises(DataError, match=r"rows\.jsonl:7"):
+            client.run_sync([_row(0), bad], eos_token_id=2)
+        assert agent.bodies == []
+
+
+@pytest.mark.parametrize(
+    ("header", "low", "high"),
+    [("2", 2.0, 2.0), ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0, 0.0), ("soon", None, None)],
+)
+def test_retry_after_accepts_seconds_and_http_dates(
+    header: str, low: float | None, high: float | None
+) -> None:
+    """Retry-After is read as delta-seconds or an HTTP date (a past date means now)."""
+    import email.utils
+    import time
+
+    from nemogym_sdk._aio import _retry_after
+
+    value = _retry_after({"Retry-After": header})
+    if low is None:
+        assert value is None
+    else:
+        assert value is not None and low <= value <= high
+    future = email.utils.formatdate(time.time() + 30, usegmt=True)
+    in_future = _retry_after({"Retry-After": future})
+    assert in_future is not None and 25 <= in_future <= 31
