@@ -371,34 +371,31 @@ def _url(host: str, port: int) -> str:
 def _servers_from(
     config: Mapping[str, Any], instances: list[Any], head_host: str
 ) -> list[ServerInfo]:
+    """Servers from the head's answers: addresses from ``/server_instances`` (what really
+    runs), falling back to the config's ``host``/``port``; kinds and configs from the
+    global config, falling back to the instance entry."""
     blocks = _server_blocks(config)
-    servers: dict[str, ServerInfo] = {}
+    addresses: dict[str, tuple[Any, Any]] = {
+        name: (server_config.get("host", "127.0.0.1"), server_config.get("port"))
+        for name, (_, _, server_config) in blocks.items()
+    }
     for entry in instances:
         if not isinstance(entry, Mapping):
             continue
         name = entry.get("process_name") or entry.get("config_path")
         host, port = entry.get("host"), entry.get("port")
-        if not isinstance(name, str) or not isinstance(host, str) or not isinstance(port, int):
-            continue
-        server_type, implementation, server_config = blocks.get(
-            name, (str(entry.get("server_type")), str(entry.get("name")), {})
-        )
-        servers[name] = ServerInfo(
+        if isinstance(name, str) and isinstance(host, str) and isinstance(port, int):
+            addresses[name] = (host, port)
+            blocks.setdefault(name, (str(entry.get("server_type")), str(entry.get("name")), {}))
+    return [
+        ServerInfo(
             name=name,
             server_type=server_type,
             implementation=implementation,
             url=_url(routable_host(host, head_host), port),
             config=server_config,
         )
-    for name, (server_type, implementation, server_config) in blocks.items():
-        host, port = server_config.get("host", "127.0.0.1"), server_config.get("port")
-        if name in servers or not isinstance(port, int) or not isinstance(host, str):
-            continue
-        servers[name] = ServerInfo(
-            name=name,
-            server_type=server_type,
-            implementation=implementation,
-            url=_url(routable_host(host, head_host), port),
-            config=server_config,
-        )
-    return list(servers.values())
+        for name, (server_type, implementation, server_config) in blocks.items()
+        for host, port in [addresses[name]]
+        if isinstance(host, str) and isinstance(port, int)
+    ]
