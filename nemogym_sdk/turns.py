@@ -100,7 +100,8 @@ def _failure(result: RunResult, eos: int) -> Rollout | None:
     kept = result.reward if result.reward is not None else 0.0
     components = result.reward_components
     if result.error is not None:
-        return Rollout.failed(RolloutStatus.AGENT_ERROR, eos, error=result.error)
+        reason = result.error.strip() or f"the agent returned an empty error ({result.error!r})"
+        return Rollout.failed(RolloutStatus.AGENT_ERROR, eos, error=reason)
     if result.invalid is not None:
         return Rollout.failed(RolloutStatus.INVALID, eos, error=result.invalid, reward=kept)
     if result.reward is None:

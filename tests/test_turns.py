@@ -224,6 +224,13 @@ def test_non_finite_logprob_is_invalid() -> None:
     assert as_bytes.error is not None and "not valid JSON" in as_bytes.error
 
 
+def test_empty_error_field_still_explains_itself() -> None:
+    """An agent error with an empty message gets a reason (found by the fuzz profile)."""
+    rollout = parse_agent_response({"error": ""}, EOS)
+    assert rollout.status is RolloutStatus.AGENT_ERROR
+    assert rollout.error == "the agent returned an empty error ('')"
+
+
 def test_invalid_json_bytes() -> None:
     """Truncated JSON bytes are INVALID, not an exception."""
     rollout = parse_agent_response(b'{"response": {"output": [', EOS)
