@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -311,16 +312,17 @@ class AgentClient(SessionOwner):
 
         Closing the generator early (``break``, ``aclose``) cancels what is still running.
         """
+        parse = functools.partial(
+            self.to_rollout,
+            eos_token_id=eos_token_id,
+            on_drift=on_drift,
+            max_completion_length=max_completion_length,
+            decode=decode,
+        )
         raws = self.stream_raw(rows, num_generations=num_generations)
         async with contextlib.aclosing(raws):
             async for raw in raws:
-                yield self.to_rollout(
-                    raw,
-                    eos_token_id,
-                    on_drift=on_drift,
-                    max_completion_length=max_completion_length,
-                    decode=decode,
-                )
+                yield parse(raw)
 
     async def run(
         self,
@@ -333,17 +335,14 @@ class AgentClient(SessionOwner):
         decode: Decode | None = None,
     ) -> list[Rollout]:
         """Play every row ``num_generations`` times; rollouts in input order (``aabb``)."""
-        raws = await self.run_raw(rows, num_generations=num_generations)
-        return [
-            self.to_rollout(
-                raw,
-                eos_token_id,
-                on_drift=on_drift,
-                max_completion_length=max_completion_length,
-                decode=decode,
-            )
-            for raw in raws
-        ]
+        parse = functools.partial(
+            self.to_rollout,
+            eos_token_id=eos_token_id,
+            on_drift=on_drift,
+            max_completion_length=max_completion_length,
+            decode=decode,
+        )
+        return [parse(raw) for raw in await self.run_raw(rows, num_generations=num_generations)]
 
     def run_sync(
         self,
