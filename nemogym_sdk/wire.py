@@ -74,11 +74,6 @@ class ModelTurn(NamedTuple):
         """``generation_token_ids`` as a read-only array (a view of ``generation``)."""
         return np.frombuffer(self.generation, dtype=_INT64)
 
-    @property
-    def logprob_values(self) -> npt.NDArray[np.float64] | None:
-        """``generation_log_probs`` as a read-only array (a view of ``logprobs``)."""
-        return None if self.logprobs is None else np.frombuffer(self.logprobs, dtype=np.float64)
-
 
 class RunResult(NamedTuple):
     """The parts of a ``/run`` result that training needs (a tuple: one per response)."""
@@ -305,7 +300,7 @@ def _walk(top: Any) -> RunResult:
             generation = _simd_buffer(raw_generation, "i")
             buffer = _simd_buffer(raw_prompt, "i")
             prompt = None if buffer is None else bytes(buffer)  # a startswith receiver
-            logprobs = _simd_buffer(raw_logprobs, "d") if raw_logprobs is not None else None
+            logprobs = _simd_buffer(raw_logprobs, "d")
         else:
             generation = _py_ints(raw_generation)
             prompt = _py_ints(raw_prompt)
