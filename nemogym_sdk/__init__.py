@@ -1,7 +1,7 @@
 """nemogym_sdk: typed, fast, tested glue between NVIDIA NeMo Gym environments and RL trainers.
 
 The core (records, turn parser, env-mask builder, collation, hosts, rows, reward
-pass-through) is pure: it imports numpy and attrs, never torch, trl, transformers,
+pass-through, GRPO advantages) is pure: it imports numpy and attrs, never torch, trl, transformers,
 vllm or axolotl. The network layer (``AgentClient``, ``ServerDirectory``, ``Verifier``,
 ``reward_nemo_gym_verify``) is imported on first use, so ``import nemogym_sdk`` stays
 fast and does not load aiohttp or requests.
@@ -26,6 +26,14 @@ from nemogym_sdk.errors import (
     ServerError,
     TransportError,
     UnknownAgentError,
+)
+from nemogym_sdk.grpo import (
+    Advantages,
+    AdvantageStats,
+    Aggregation,
+    Scaling,
+    compute_advantages,
+    group_advantages,
 )
 from nemogym_sdk.hosts import base_url, normalize_host, routable_host, split_host_port
 from nemogym_sdk.masks import Completion, CompletionBuilder
@@ -75,7 +83,10 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AdvantageStats",
+    "Advantages",
     "AgentClient",
+    "Aggregation",
     "Batch",
     "Completion",
     "CompletionBuilder",
@@ -95,6 +106,7 @@ __all__ = [
     "RolloutStatus",
     "RowError",
     "SamplingParams",
+    "Scaling",
     "ServerDirectory",
     "ServerError",
     "ServerInfo",
@@ -108,7 +120,9 @@ __all__ = [
     "__version__",
     "base_url",
     "collate",
+    "compute_advantages",
     "expand_groups",
+    "group_advantages",
     "load_rows",
     "normalize_host",
     "parse_agent_response",

@@ -22,6 +22,7 @@ CORE = [
     "collate",
     "data",
     "rewards",
+    "grpo",
 ]
 HEAVY = ["torch", "trl", "transformers", "vllm", "axolotl", "peft"]
 NETWORK = ["aiohttp", "requests", "yaml"]  # loaded on first use of the network layer
