@@ -48,6 +48,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="scripted: tool calls then an answer, scored by the model; sample: real sampling",
     )
     parser.add_argument(
+        "--logprobs-mode",
+        choices=("raw_logprobs", "processed_logprobs"),
+        default="raw_logprobs",
+        help=(
+            "raw_logprobs: log-softmax of the model (vLLM's default); processed_logprobs: of the "
+            "distribution sampled from, after temperature/top-k/top-p (what GRPO's ratio needs)"
+        ),
+    )
+    parser.add_argument(
         "--scripted-tool-turns",
         type=int,
         default=2,
@@ -82,7 +91,7 @@ async def _serve(engine: ServeEngine, host: str, port: int) -> None:
         loop.add_signal_handler(signum, stop.set)
     print(
         f"nemogym_sdk.serve ready: model={engine.served_model_name} mode={engine.mode} "
-        f"base_url={server.base_url}",
+        f"base_url={server.base_url} logprobs={engine.logprobs_mode}",
         flush=True,
     )
     try:
@@ -121,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             scripted_tool_turns=args.scripted_tool_turns,
             scripted_answer=args.scripted_answer or DEFAULT_SCRIPTED_ANSWER,
             seed=args.seed,
+            logprobs_mode=args.logprobs_mode,
         )
     except (ImportError, OSError, ValueError) as error:
         print(f"nemogym_sdk.serve: error: {error}", file=sys.stderr)

@@ -1,8 +1,10 @@
 """Transformers causal-LM backend: render prompts, sample with logprobs, score forced tokens, LoRA.
 
 Not thread-safe: the HTTP layer runs every call on one worker thread, one request at a time.
-Logprobs are the model's raw log-softmax over the vocabulary (vLLM's default ``raw_logprobs``
-mode), whatever the temperature or top-p used to pick the token.
+Logprobs follow vLLM's ``--logprobs-mode`` (see `nemogym_sdk.serve.sampling`): ``raw_logprobs``
+(the default) is the model's log-softmax whatever the sampling parameters; ``processed_logprobs``
+is the log-softmax of the distribution the token was drawn from (temperature, top-k, top-p
+applied), which is what a learner's importance ratio must be compared with.
 """
 
 from __future__ import annotations
@@ -27,6 +29,12 @@ from jinja2 import TemplateError  # noqa: E402
 from nemogym_sdk.serve.chat import build_prompt_ids  # noqa: E402
 from nemogym_sdk.serve.errors import BadRequestError, NotFoundError  # noqa: E402
 from nemogym_sdk.serve.protocol import SamplingParams, TokenLogprob  # noqa: E402
+from nemogym_sdk.serve.sampling import (  # noqa: E402
+    MASKED_LOGPROB,
+    LogprobsMode,
+    is_greedy,
+    process_logits,
+)
 
 __all__ = ["CausalLMBackend", "Generation"]
 
@@ -222,9 +230,9 @@ class CausalLMBackend:
             )
         return TokenLogprob(
             token_id=token_id,
-            logprob=float(logprobs_V[token_id]),
+            logprob=_finite(float(logprobs_V[token_id])),
             text=self.token_text(token_id),
-            top=top,
+            top=tuple((i, _finite(v), text) for i, v, text in top),
         )
 
     def _forward(
@@ -256,8 +264,12 @@ class CausalLMBackend:
         seed: int,
         adapter: str | None = None,
         top_logprobs: int = 0,
+        logprobs_mode: LogprobsMode = "raw_logprobs",
     ) -> Generation:
-        """Generate until EOS, a stop string/token, or ``params.max_tokens`` (KV-cached)."""
+        """Generate until EOS, a stop string/token, or ``params.max_tokens`` (KV-cached).
+
+        Each token's logprob follows ``logprobs_mode`` (raw, or of the processed distribution).
+        """
         budget = self.check_prompt(prompt_ids, params.max_tokens)
         generator = torch.Generator().manual_seed(seed)
         stop_ids = set(params.stop_token_ids)
@@ -266,8 +278,10 @@ class CausalLMBackend:
             out = self._forward(model, torch.tensor([list(prompt_ids)]), keep=1)
             for step in range(budget):
                 logits_V = out.logits[0, -1].float()
-                logprobs_V = torch.log_softmax(logits_V, dim=-1)
-                token = _pick(logits_V, params, generator)
+                processed_V = _process(logits_V, params)
+                token = _pick(processed_V, params, generator)
+                reported_V = processed_V if logprobs_mode == "processed_logprobs" else logits_V
+                logprobs_V = torch.log_softmax(reported_V, dim=-1)
                 tokens.append(self._entry(token, logprobs_V, top_logprobs))
                 if token in self.eos_token_ids and not params.ignore_eos:
                     return Generation(tokens=tuple(tokens), finish_reason="stop")
@@ -296,8 +310,14 @@ class CausalLMBackend:
         *,
         adapter: str | None = None,
         top_logprobs: int = 0,
+        params: SamplingParams | None = None,
+        logprobs_mode: LogprobsMode = "raw_logprobs",
     ) -> list[TokenLogprob]:
-        """Teacher-force ``forced_ids`` after the prompt; return each token's real logprob."""
+        """Teacher-force ``forced_ids`` after the prompt; return each token's real logprob.
+
+        In ``processed_logprobs`` mode the logits are first processed with ``params`` (a forced
+        token outside the top-k/top-p support is reported as -9999.0, like vLLM's ``-inf``).
+        """
         if not forced_ids:
             return []
         full = [*prompt_ids, *forced_ids]
@@ -305,7 +325,10 @@ class CausalLMBackend:
             out = self._forward(
                 model, torch.tensor([full[:-1]]), keep=len(forced_ids), use_cache=False
             )
-            logprobs_TV = torch.log_softmax(out.logits[0, -len(forced_ids) :].float(), dim=-1)
+            logits_TV = out.logits[0, -len(forced_ids) :].float()
+            if logprobs_mode == "processed_logprobs" and params is not None:
+                logits_TV = _process(logits_TV, params)
+            logprobs_TV = torch.log_softmax(logits_TV, dim=-1)
         return [
             self._entry(token, logprobs_TV[pos], top_logprobs)
             for pos, token in enumerate(forced_ids)
@@ -386,19 +409,20 @@ class CausalLMBackend:
         del self._adapter_paths[name]
 
 
-def _pick(logits_V: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-    """Choose the next token: greedy at temperature 0, else top-k / top-p sampling."""
-    if params.temperature < 1e-5:
-        return int(torch.argmax(logits_V))
-    scaled_V = logits_V / params.temperature
-    if params.top_k > 0 and params.top_k < scaled_V.shape[-1]:
-        kth = torch.topk(scaled_V, params.top_k).values[-1]
-        scaled_V = scaled_V.masked_fill(scaled_V < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_V, order_V = torch.sort(scaled_V, descending=True)
-        probs_V = torch.softmax(sorted_V, dim=-1)
-        before_V = torch.cumsum(probs_V, dim=-1) - probs_V  # mass strictly above each token
-        sorted_V = sorted_V.masked_fill(before_V >= params.top_p, float("-inf"))
-        scaled_V = torch.full_like(scaled_V, float("-inf")).scatter(0, order_V, sorted_V)
-    probs_V = torch.softmax(scaled_V, dim=-1)
+def _process(logits_NV: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    return process_logits(
+        logits_NV, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p
+    )
+
+
+def _pick(processed_V: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+    """Choose the next token: greedy at temperature 0, else a draw from the processed logits."""
+    if is_greedy(params.temperature):
+        return int(torch.argmax(processed_V))
+    probs_V = torch.softmax(processed_V, dim=-1)
     return int(torch.multinomial(probs_V, 1, generator=generator))
+
+
+def _finite(logprob: float) -> float:
+    """A logprob JSON can carry: ``-inf`` (outside the sampling support) becomes -9999.0."""
+    return logprob if logprob > MASKED_LOGPROB else MASKED_LOGPROB

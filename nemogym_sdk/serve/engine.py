@@ -11,6 +11,9 @@ Modes:
   already in the request) it calls one of the offered tools, rotating through them, with arguments
   that satisfy the tool's JSON schema; afterwards (or with no tools) it answers in text. The text
   is forced, but every token is scored by the model, so the logprobs are genuine.
+
+Logprobs follow ``logprobs_mode`` like vLLM's ``--logprobs-mode``: ``raw_logprobs`` (default) or
+``processed_logprobs`` (after temperature, top-k and top-p; see `nemogym_sdk.serve.sampling`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from nemogym_sdk.serve.protocol import (
     chat_completion_body,
     model_card,
 )
+from nemogym_sdk.serve.sampling import LOGPROBS_MODES, LogprobsMode
 from nemogym_sdk.serve.tools import (
     ToolCall,
     example_arguments,
@@ -58,15 +62,21 @@ class ServeEngine:
         scripted_tool_turns: int = 2,
         scripted_answer: str = DEFAULT_SCRIPTED_ANSWER,
         seed: int = 0,
+        logprobs_mode: LogprobsMode = "raw_logprobs",
     ) -> None:
         """Configure the engine; ``seed`` seeds the draws for requests that send no ``seed``."""
         if mode not in ("scripted", "sample"):
             raise ValueError(f"mode must be 'scripted' or 'sample', got {mode!r}")
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(
+                f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {logprobs_mode!r}"
+            )
         if scripted_tool_turns < 0:
             raise ValueError("scripted_tool_turns must be >= 0")
         self.backend = backend
         self.served_model_name = served_model_name or backend.name_or_path
         self.mode: Mode = mode
+        self.logprobs_mode: LogprobsMode = logprobs_mode
         self.scripted_tool_turns = scripted_tool_turns
         self.scripted_answer = scripted_answer
         self._rng = random.Random(seed)
@@ -118,6 +128,7 @@ class ServeEngine:
                 seed=self._rng.getrandbits(63) if seed is None else seed,
                 adapter=adapter,
                 top_logprobs=request.top_logprobs,
+                logprobs_mode=self.logprobs_mode,
             )
         else:
             generation = self._scripted(request, prompt_ids, adapter)
@@ -175,7 +186,12 @@ class ServeEngine:
         if len(forced) > budget:
             forced, finish = forced[:budget], "length"
         scored = self.backend.score(
-            prompt_ids, forced, adapter=adapter, top_logprobs=request.top_logprobs
+            prompt_ids,
+            forced,
+            adapter=adapter,
+            top_logprobs=request.top_logprobs,
+            params=request.sampling,
+            logprobs_mode=self.logprobs_mode,
         )
         return Generation(tokens=tuple(scored), finish_reason=finish)
 

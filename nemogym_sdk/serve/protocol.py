@@ -90,7 +90,7 @@ def _kwargs(body: Mapping[str, Any], key: str) -> dict[str, Any]:
 
 @attrs.frozen(kw_only=True)
 class SamplingParams:
-    """How to pick tokens (vLLM semantics; logprobs are always the model's raw log-softmax)."""
+    """How to pick tokens (vLLM semantics; which logprobs are reported is the server's mode)."""
 
     max_tokens: int | None = None
     """Most tokens to generate; ``None`` = the rest of the context window."""
@@ -267,7 +267,7 @@ class TokenLogprob:
     token_id: int
     """The generated token."""
     logprob: float
-    """Its log-probability under the model (raw log-softmax)."""
+    """Its log-probability: raw log-softmax, or of the processed distribution (server mode)."""
     text: str
     """The token decoded on its own."""
     top: tuple[tuple[int, float, str], ...] = ()

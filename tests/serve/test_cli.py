@@ -56,9 +56,13 @@ def test_help_lists_every_flag() -> None:
         "--scripted-tool-turns",
         "--seed",
         "--save-tiny",
+        "--logprobs-mode",
     ):
         assert flag in text
     defaults = build_parser().parse_args([])
+    assert defaults.logprobs_mode == "raw_logprobs"
+    processed = build_parser().parse_args(["--logprobs-mode", "processed_logprobs"])
+    assert processed.logprobs_mode == "processed_logprobs"
     assert (defaults.host, defaults.port, defaults.mode, defaults.scripted_tool_turns) == (
         "127.0.0.1",
         8000,
@@ -119,7 +123,7 @@ def test_cli_serves_a_model_directory_and_exits_cleanly_on_sigterm(tmp_path: Pat
         match = re.search(
             r"ready: model=cli-model mode=sample base_url=(http://127\.0\.0\.1:\d+/v1)", line
         )
-        assert match, line + (proc.stderr.read() if proc.stderr else "")
+        assert match, line  # (stderr is read in `finally`, once the process is stopped)
         base_url = match.group(1)
         body = {
             "model": "cli-model",
