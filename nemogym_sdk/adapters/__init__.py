@@ -1,0 +1,8 @@
+"""Thin adapters from nemogym_sdk's primitives to training frameworks.
+
+Each adapter imports its framework only when it is imported itself, and fails with an
+``ImportError`` naming the pip extra when the framework is missing:
+
+- `nemogym_sdk.adapters.torch`: per-token logprobs, GRPO-family policy losses and a
+  ``train_step`` for a hand-written PyTorch loop (``pip install 'nemogym-sdk[torch]'``).
+"""

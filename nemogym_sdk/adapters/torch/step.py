@@ -1,0 +1,316 @@
+"""One GRPO optimizer step over a ``Batch``: micro-batches, gradient accumulation, metrics.
+
+`train_step` is what a hand-written loop calls once per batch of rollouts::
+
+    advantages = compute_advantages(batch)
+    metrics = train_step(model, optimizer, batch, advantages, loss=PolicyLoss(), temperature=T)
+
+Rows that are not ``OK`` (``Batch.ok``) never reach the model: their tokens are not in the loss
+and not in its normaliser. Every ``OK`` row with a policy token is forwarded, ``micro_batch_size``
+rows at a time; each micro-batch's loss is divided by the *whole batch's* normaliser, so the
+accumulated gradient equals the full-batch gradient whatever the micro-batch size.
+
+Several processes (``torchrun``): each rank passes its own shard of the batch (shard by whole
+groups, so ``compute_advantages`` sees complete groups); normalisers and metrics are reduced over
+ranks and gradients summed, so every rank applies the same update. Pass the plain model, not a
+``DistributedDataParallel`` wrapper: the step all-reduces gradients itself.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Literal
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+import torch
+import torch.distributed as dist
+
+from nemogym_sdk.adapters.torch._dist import all_reduce_grads, all_reduce_values
+from nemogym_sdk.adapters.torch.logprobs import completion_logprobs
+from nemogym_sdk.adapters.torch.losses import (
+    LossTerms,
+    PolicyLoss,
+    loss_normalizer,
+    policy_loss_terms,
+)
+from nemogym_sdk.errors import ConfigError
+from nemogym_sdk.grpo import Advantages
+from nemogym_sdk.records import Batch
+
+__all__ = ["DEFAULT_LOSS", "Reference", "StepMetrics", "train_step"]
+
+DEFAULT_LOSS = PolicyLoss()
+"""``train_step``'s default loss: ``dapo`` with epsilon 0.2 and truncated IS correction."""
+
+Reference = torch.nn.Module | Literal["disable_adapter"] | None
+"""A frozen reference model for the KL term, ``"disable_adapter"`` (a peft model's base weights,
+the usual reference when training a LoRA adapter), or None."""
+
+
+@attrs.frozen(kw_only=True)
+class StepMetrics:
+    """What one `train_step` did, reduced over ranks (means are over policy tokens)."""
+
+    loss: float
+    """The objective whose gradient was applied: policy term plus ``beta`` times KL."""
+    policy_loss: float
+    """The policy term alone."""
+    kl: float
+    """Mean k3 KL to the reference per policy token (0 without a reference)."""
+    clip_fraction: float
+    """Share of policy tokens (rows for gspo) where the clipped term was taken."""
+    mismatch_mean: float
+    """Mean ``|learner logprob - sampler logprob|`` over policy tokens, before the update."""
+    mismatch_max: float
+    """Largest ``|learner logprob - sampler logprob|`` over policy tokens."""
+    mismatch_kl: float
+    """Mean k3 estimate of the sampler-learner KL per policy token."""
+    is_weight_mean: float
+    """Mean importance weight applied (1.0 without correction)."""
+    is_limited_fraction: float
+    """Share of policy tokens (rows for gspo) whose weight hit the cap (truncated or masked)."""
+    grad_norm: float
+    """Gradient norm before clipping (all ranks' gradients summed)."""
+    tokens: int
+    """Policy tokens in the loss."""
+    rows: int
+    """Rows in the loss (OK, with at least one policy token)."""
+    micro_batches: int
+    """Forward/backward passes run on this rank."""
+    stepped: bool
+    """Whether the optimizer stepped (False when the batch had no policy token)."""
+    forward_backward_s: float
+    """Seconds in forward and backward passes on this rank."""
+    optimizer_s: float
+    """Seconds reducing gradients, clipping and stepping on this rank."""
+
+    def as_dict(self, prefix: str = "") -> dict[str, float]:
+        """The metrics as a flat ``{prefix + name: float}`` dict for a logger."""
+        return {f"{prefix}{f.name}": float(getattr(self, f.name)) for f in attrs.fields(type(self))}
+
+
+def train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    advantages: Advantages | npt.ArrayLike | torch.Tensor,
+    *,
+    loss: PolicyLoss = DEFAULT_LOSS,
+    micro_batch_size: int = 8,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    ref_model: Reference = None,
+    old_logprobs: npt.ArrayLike | torch.Tensor | None = None,
+    max_grad_norm: float | None = 1.0,
+) -> StepMetrics:
+    """Run forward/backward over ``batch`` in micro-batches, then one optimizer step.
+
+    Args:
+        model: the policy (e.g. a peft model); its trainable parameters get the update.
+        optimizer: the optimizer over those parameters.
+        batch: this rank's rows (``collate``); rows that are not OK are skipped.
+        advantages: one per row: ``compute_advantages(batch)`` or a ``[B]`` array.
+        loss: which policy loss and its knobs.
+        micro_batch_size: rows per forward/backward pass (gradient accumulation).
+        temperature, top_k, top_p: the sampler's processing, so the learner's logprobs describe
+            the distribution the tokens were drawn from (the sampler must report
+            ``processed_logprobs``, or sample with temperature 1 and no truncation).
+        ref_model: reference for the KL term; needed when ``loss.beta > 0``.
+        old_logprobs: ``[B, T]`` logprobs of the policy that produced the batch, for a second
+            optimizer step on the same batch; None = on-policy (the current model's).
+        max_grad_norm: clip the gradient norm to this; None = no clipping.
+    """
+    if micro_batch_size < 1:
+        raise ConfigError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        raise ConfigError(
+            "pass the unwrapped module (model.module): train_step all-reduces gradients itself"
+        )
+    if loss.beta > 0 and ref_model is None:
+        raise ConfigError("loss.beta > 0 needs ref_model (a module, or 'disable_adapter')")
+    device = _device(model)
+    advantages_B = _advantages(advantages, len(batch))
+    rows = _trainable_rows(batch, advantages_B, loss)
+    loss_mask_BT = batch.loss_mask
+    local_tokens = float(loss_mask_BT[rows].sum())
+    tokens, row_count = all_reduce_values(
+        [local_tokens, float(len(rows))], dist.ReduceOp.SUM, device
+    )
+    # dr_grpo without a configured length divides by the longest real completion (never by
+    # the padded width, so padding cannot change the loss).
+    (longest,) = all_reduce_values(
+        [float(batch.completion_mask.sum(axis=1).max())], dist.ReduceOp.MAX, device
+    )
+    normalizer = loss_normalizer(loss, tokens, row_count, int(longest))
+
+    optimizer.zero_grad(set_to_none=True)
+    began = time.perf_counter()
+    totals = _Totals()
+    micro_batches = 0
+    for start in range(0, len(rows), micro_batch_size):
+        picked = rows[start : start + micro_batch_size]
+        terms = _micro_batch(
+            model,
+            batch,
+            picked,
+            advantages_B,
+            loss,
+            device,
+            processing={"temperature": temperature, "top_k": top_k, "top_p": top_p},
+            ref_model=ref_model,
+            old_logprobs=old_logprobs,
+        )
+        if normalizer > 0:
+            (terms.objective / normalizer).backward()  # type: ignore[no-untyped-call]
+        totals.add(terms)
+        micro_batches += 1
+    forward_backward_s = time.perf_counter() - began
+
+    began = time.perf_counter()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    all_reduce_grads(trainable)
+    grads = [p.grad for p in trainable if p.grad is not None]
+    grad_norm = 0.0
+    if grads:
+        limit = math.inf if max_grad_norm is None else max_grad_norm
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, limit))
+    stepped = normalizer > 0
+    if stepped:
+        optimizer.step()
+    optimizer_s = time.perf_counter() - began
+    return totals.metrics(
+        normalizer=normalizer,
+        per_row=loss.loss_type == "gspo",
+        device=device,
+        grad_norm=grad_norm,
+        micro_batches=micro_batches,
+        stepped=stepped,
+        forward_backward_s=forward_backward_s,
+        optimizer_s=optimizer_s,
+    )
+
+
+def _micro_batch(
+    model: torch.nn.Module,
+    batch: Batch,
+    picked: npt.NDArray[np.int64],
+    advantages_B: npt.NDArray[np.float32],
+    loss: PolicyLoss,
+    device: torch.device,
+    *,
+    processing: dict[str, Any],
+    ref_model: Reference,
+    old_logprobs: npt.ArrayLike | torch.Tensor | None,
+) -> LossTerms:
+    def rows_of(array: npt.NDArray[Any], dtype: torch.dtype) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array[picked])).to(device=device, dtype=dtype)
+
+    inputs = (
+        rows_of(batch.prompt_ids, torch.long),
+        rows_of(batch.prompt_mask, torch.long),
+        rows_of(batch.completion_ids, torch.long),
+        rows_of(batch.completion_mask, torch.long),
+    )
+    logprobs_bT = completion_logprobs(model, *inputs, **processing)
+    ref_bT = None
+    if ref_model is not None:
+        with torch.no_grad():
+            if ref_model == "disable_adapter":
+                with model.disable_adapter():  # type: ignore[operator]
+                    ref_bT = completion_logprobs(model, *inputs, **processing)
+            else:
+                assert isinstance(ref_model, torch.nn.Module)
+                ref_bT = completion_logprobs(ref_model, *inputs, **processing)
+    old_bT = None
+    if old_logprobs is not None:
+        old = torch.as_tensor(old_logprobs)
+        old_bT = old[torch.from_numpy(picked)].to(device=device, dtype=torch.float32)
+    return policy_loss_terms(
+        logprobs_bT,
+        torch.from_numpy(advantages_B[picked]).to(device),
+        rows_of(batch.loss_mask, torch.bool),
+        loss,
+        old_logprobs_BT=old_bT,
+        sampler_logprobs_BT=rows_of(batch.logprobs, torch.float32),
+        ref_logprobs_BT=ref_bT,
+    )
+
+
+class _Totals:
+    """Sums of `LossTerms` over micro-batches, reduced over ranks at the end."""
+
+    _SUMS: tuple[str, ...] = (
+        *("objective", "policy", "kl_sum", "clipped", "is_weight_sum", "is_limited"),
+        *("mismatch_abs_sum", "mismatch_kl_sum", "tokens", "rows"),
+    )
+
+    def __init__(self) -> None:
+        self.sums = dict.fromkeys(self._SUMS, 0.0)
+        self.mismatch_max = 0.0
+
+    def add(self, terms: LossTerms) -> None:
+        for name in self._SUMS:
+            self.sums[name] += float(getattr(terms, name).detach())
+        self.mismatch_max = max(self.mismatch_max, float(terms.mismatch_abs_max))
+
+    def metrics(
+        self, *, normalizer: float, per_row: bool, device: torch.device, **extra: Any
+    ) -> StepMetrics:
+        values = all_reduce_values(list(self.sums.values()), dist.ReduceOp.SUM, device)
+        sums = dict(zip(self._SUMS, values, strict=True))
+        (mismatch_max,) = all_reduce_values([self.mismatch_max], dist.ReduceOp.MAX, device)
+        tokens, rows = sums["tokens"], sums["rows"]
+        units = rows if per_row else tokens  # what clip and IS fractions count
+
+        def mean(name: str, over: float) -> float:
+            return sums[name] / over if over else 0.0
+
+        return StepMetrics(
+            loss=mean("objective", normalizer),
+            policy_loss=mean("policy", normalizer),
+            kl=mean("kl_sum", tokens),
+            clip_fraction=mean("clipped", units),
+            mismatch_mean=mean("mismatch_abs_sum", tokens),
+            mismatch_max=mismatch_max,
+            mismatch_kl=mean("mismatch_kl_sum", tokens),
+            is_weight_mean=mean("is_weight_sum", units) if units else 1.0,
+            is_limited_fraction=mean("is_limited", units),
+            tokens=int(tokens),
+            rows=int(rows),
+            **extra,
+        )
+
+
+def _trainable_rows(
+    batch: Batch, advantages_B: npt.NDArray[np.float32], loss: PolicyLoss
+) -> npt.NDArray[np.int64]:
+    keep_B = batch.ok & (batch.loss_mask.sum(axis=1) > 0)
+    if loss.mask_truncated:
+        keep_B &= ~batch.truncated
+    return np.flatnonzero(keep_B).astype(np.int64)
+
+
+def _advantages(
+    advantages: Advantages | npt.ArrayLike | torch.Tensor, rows: int
+) -> npt.NDArray[np.float32]:
+    if isinstance(advantages, Advantages):
+        values = np.asarray(advantages.values, dtype=np.float32)
+    elif isinstance(advantages, torch.Tensor):
+        values = advantages.detach().cpu().numpy().astype(np.float32)
+    else:
+        values = np.asarray(advantages, dtype=np.float32)
+    if values.shape != (rows,):
+        raise ConfigError(f"need one advantage per batch row ({rows}), got shape {values.shape}")
+    if not np.all(np.isfinite(values)):
+        raise ConfigError("advantages must be finite")
+    return values
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    for parameter in model.parameters():
+        return parameter.device
+    return torch.device("cpu")
