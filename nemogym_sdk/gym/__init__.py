@@ -13,21 +13,37 @@ waits until they answer, and stops them by process group.
         stack.head_url        # "http://127.0.0.1:..."
         stack.log_paths       # instance -> log file
 
-See ``docs/gym-environments.md`` for what each shipped environment does.
+See ``docs/gym-environments.md`` for what each shipped environment does, and
+``docs/writing-an-environment.md`` for writing one (``SDK_ENVIRONMENTS``, e.g.
+``target_chars``, ship with this package and start by name like NeMo Gym's own).
 """
 
 from __future__ import annotations
 
-from nemogym_sdk.gym.catalog import CATALOGUE, EnvironmentInfo, describe_environment
+from nemogym_sdk.gym.catalog import (
+    CATALOGUE,
+    SDK_ENVIRONMENTS,
+    EnvironmentInfo,
+    describe_environment,
+)
 from nemogym_sdk.gym.config import build_stack_config, free_loopback_ports
 from nemogym_sdk.gym.errors import GymVenvNotFoundError, ServerNotReadyError, ServerStartError
-from nemogym_sdk.gym.locate import GYM_VENV_ENV_VAR, GymVenv, default_gym_venv_path, find_gym_venv
+from nemogym_sdk.gym.locate import (
+    GYM_VENV_ENV_VAR,
+    SDK_ENVS_DIR,
+    EnvironmentLocation,
+    GymVenv,
+    default_gym_venv_path,
+    find_gym_venv,
+    locate_environment,
+)
 from nemogym_sdk.gym.specs import EnvironmentSetup, PolicyModel, ServerSpec, StackConfig
 from nemogym_sdk.gym.stack import HEAD_SERVER_NAME, GymStack
 
 __all__ = [
     "CATALOGUE",
     "EnvironmentInfo",
+    "EnvironmentLocation",
     "EnvironmentSetup",
     "GYM_VENV_ENV_VAR",
     "GymStack",
@@ -35,6 +51,8 @@ __all__ = [
     "GymVenvNotFoundError",
     "HEAD_SERVER_NAME",
     "PolicyModel",
+    "SDK_ENVIRONMENTS",
+    "SDK_ENVS_DIR",
     "ServerNotReadyError",
     "ServerSpec",
     "ServerStartError",
@@ -44,4 +62,5 @@ __all__ = [
     "describe_environment",
     "find_gym_venv",
     "free_loopback_ports",
+    "locate_environment",
 ]

@@ -1,7 +1,9 @@
 """Catalogue of shipped NeMo Gym environments that run on a CPU-only box.
 
 :data:`CATALOGUE` lists the environments this package is tested with (each starts
-and serves ``/run`` with no GPU, no judge and no network). :func:`describe_environment`
+and serves ``/run`` with no GPU, no judge and no network); :data:`SDK_ENVIRONMENTS`
+lists the environments the SDK ships itself (``nemogym_sdk/gym/envs``), which
+``GymStack`` starts by name like NeMo Gym's. :func:`describe_environment`
 reads what an environment ships — its config and its example rows — so the facts
 come from the installed NeMo Gym, not from a copy. The prose (what the agent does,
 how rewards are computed, quirks) is in ``docs/gym-environments.md``.
@@ -16,11 +18,17 @@ from typing import Any
 import attrs
 
 from nemogym_sdk.errors import ConfigError
-from nemogym_sdk.gym.config import environment_config_path, load_environment_config
-from nemogym_sdk.gym.locate import GymVenv
+from nemogym_sdk.gym.config import dataset_paths, load_environment_config
+from nemogym_sdk.gym.locate import GymVenv, locate_environment
 from nemogym_sdk.gym.specs import AGENTS, RESOURCES
 
-__all__ = ["CATALOGUE", "EnvironmentInfo", "describe_environment", "missing_data_files"]
+__all__ = [
+    "CATALOGUE",
+    "SDK_ENVIRONMENTS",
+    "EnvironmentInfo",
+    "describe_environment",
+    "missing_data_files",
+]
 
 CATALOGUE: tuple[str, ...] = (
     "example_single_tool_call",
@@ -34,6 +42,12 @@ CATALOGUE: tuple[str, ...] = (
 )
 """Environments verified to start and serve ``/run`` on CPU (manual and head-server mode)."""
 
+SDK_ENVIRONMENTS: tuple[str, ...] = ("target_chars",)
+"""Environments shipped with the SDK (``nemogym_sdk/gym/envs/<name>``), CPU-only too.
+
+``target_chars`` is a multi-turn toy whose reward already varies under a random policy (see
+``docs/writing-an-environment.md``)."""
+
 
 @attrs.frozen(kw_only=True)
 class EnvironmentInfo:
@@ -46,7 +60,7 @@ class EnvironmentInfo:
     domain: str | None
     """The resources server's ``domain`` (``agent``, ``games`` ...)."""
     config_path: Path
-    """``resources_servers/<env>/configs/<env>.yaml``."""
+    """``configs/<env>.yaml`` in the environment's directory."""
     resources_servers: tuple[str, ...]
     """Resources server instance names."""
     agents: tuple[str, ...]
@@ -63,6 +77,11 @@ class EnvironmentInfo:
     """The shipped example rows."""
     num_examples: int
     """Number of example rows."""
+    train_path: Path | None = None
+    """The config's ``train`` dataset, if it lists one (the file may be absent: many
+    NeMo Gym environments download theirs)."""
+    shipped_with_sdk: bool = False
+    """True for an environment under ``nemogym_sdk/gym/envs``."""
 
 
 def describe_environment(venv: GymVenv, name: str) -> EnvironmentInfo:
@@ -74,6 +93,7 @@ def describe_environment(venv: GymVenv, name: str) -> EnvironmentInfo:
     agents: list[str] = []
     impls: list[str] = []
     max_steps: list[int | None] = []
+    agent_configs: list[dict[str, Any]] = []
     for instance, block in shipped.items():
         if not isinstance(block, dict) or len(block) != 1:
             continue
@@ -89,7 +109,10 @@ def describe_environment(venv: GymVenv, name: str) -> EnvironmentInfo:
             agents.append(instance)
             impls.append(str(impl))
             max_steps.append(inner.get("max_steps"))
-    example_path = venv.resources_server_dir(name) / "data" / "example.jsonl"
+            agent_configs.append(inner)
+    location = locate_environment(venv, name)
+    paths = dataset_paths(location, agent_configs)
+    example_path = paths.get("example", location.directory / "data" / "example.jsonl")
     if not example_path.is_file():
         raise ConfigError(f"{name} ships no example rows at {example_path}")
     tools: list[str] = []
@@ -111,7 +134,7 @@ def describe_environment(venv: GymVenv, name: str) -> EnvironmentInfo:
         name=name,
         description=description,
         domain=domain,
-        config_path=environment_config_path(venv, name),
+        config_path=location.config_path,
         resources_servers=tuple(resources),
         agents=tuple(agents),
         agent_impls=tuple(impls),
@@ -120,6 +143,8 @@ def describe_environment(venv: GymVenv, name: str) -> EnvironmentInfo:
         row_keys=tuple(row_keys),
         example_path=example_path,
         num_examples=count,
+        train_path=paths.get("train"),
+        shipped_with_sdk=location.shipped_with_sdk,
     )
 
 

@@ -6,7 +6,9 @@ their own block under the top-level key named by ``NEMO_GYM_CONFIG_PATH``. A blo
 refer to each other with ``{type: <server_type>, name: <instance>}``.
 
 What :func:`build_stack_config` does with an environment's shipped
-``resources_servers/<env>/configs/<env>.yaml``:
+``configs/<env>.yaml`` (in ``resources_servers/<env>`` of the NeMo Gym venv, or in
+``nemogym_sdk/gym/envs/<env>`` for environments shipped with the SDK; see
+:func:`~nemogym_sdk.gym.locate.locate_environment`):
 
 * keeps its resources server, agent and model server instances verbatim;
 * drops its ``environment_servers`` instances: in 0.7.0 they only front the agent for
@@ -37,7 +39,12 @@ from typing import Any
 import yaml
 
 from nemogym_sdk.errors import ConfigError
-from nemogym_sdk.gym.locate import GymVenv
+from nemogym_sdk.gym.locate import (
+    EnvironmentLocation,
+    GymVenv,
+    locate_environment,
+    sdk_environment_names,
+)
 from nemogym_sdk.gym.specs import (
     AGENTS,
     ENVIRONMENT_SERVERS,
@@ -60,6 +67,7 @@ _UNSUPPORTED_INTERPOLATIONS = ("${inherit_from:", "${copy:")
 __all__ = [
     "PORT_RANGE",
     "build_stack_config",
+    "dataset_paths",
     "environment_config_path",
     "free_loopback_ports",
     "load_environment_config",
@@ -96,8 +104,8 @@ def free_loopback_ports(count: int, port_range: tuple[int, int] = PORT_RANGE) ->
 
 
 def environment_config_path(venv: GymVenv, environment: str) -> Path:
-    """``resources_servers/<env>/configs/<env>.yaml`` inside the venv."""
-    return venv.resources_server_dir(environment) / "configs" / f"{environment}.yaml"
+    """``configs/<env>.yaml`` in the environment's directory (venv or SDK)."""
+    return locate_environment(venv, environment).config_path
 
 
 def load_environment_config(venv: GymVenv, environment: str) -> dict[str, Any]:
@@ -105,9 +113,11 @@ def load_environment_config(venv: GymVenv, environment: str) -> dict[str, Any]:
     path = environment_config_path(venv, environment)
     if not path.is_file():
         known = sorted(
-            p.parent.parent.name
-            for p in venv.site_packages.glob(f"{RESOURCES}/*/configs/*.yaml")
-            if p.stem == p.parent.parent.name
+            {
+                p.parent.parent.name
+                for p in venv.site_packages.glob(f"{RESOURCES}/*/configs/*.yaml")
+                if p.stem == p.parent.parent.name
+            }.union(sdk_environment_names())
         )
         close = difflib.get_close_matches(environment, known, n=3)
         hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
@@ -152,8 +162,9 @@ def build_stack_config(
 
     config: dict[str, Any] = {}
     owner: dict[str, str | None] = {}
-    partial: list[tuple[str, Path, list[str]]] = []
+    partial: list[tuple[EnvironmentLocation, list[str]]] = []
     for environment in environments:
+        location = locate_environment(venv, environment)
         shipped = load_environment_config(venv, environment)
         dropped: list[str] = []
         for instance, block in shipped.items():
@@ -172,7 +183,7 @@ def build_stack_config(
                 )
             config[instance] = copy.deepcopy(block)
             owner[instance] = environment
-        partial.append((environment, environment_config_path(venv, environment), dropped))
+        partial.append((location, dropped))
 
     if model.instance_name in config:
         raise ConfigError(
@@ -207,8 +218,7 @@ def build_stack_config(
     _check_references(config, servers)
     head = config["head_server"]
     setups = tuple(
-        _environment_setup(venv, name, path, dropped, config, servers)
-        for name, path, dropped in partial
+        _environment_setup(location, dropped, config, servers) for location, dropped in partial
     )
     return StackConfig(
         global_config=config,
@@ -319,31 +329,42 @@ def _references(node: Any) -> Iterable[tuple[str, str]]:
 
 
 def _environment_setup(
-    venv: GymVenv,
-    name: str,
-    path: Path,
+    location: EnvironmentLocation,
     dropped: list[str],
     config: Mapping[str, Any],
     servers: tuple[ServerSpec, ...],
 ) -> EnvironmentSetup:
-    mine = [s for s in servers if s.environment == name]
+    mine = [s for s in servers if s.environment == location.name]
     agents = [s for s in mine if s.server_type == AGENTS]
-    example = venv.resources_server_dir(name) / "data" / "example.jsonl"
-    for agent in agents:
-        _, _, inner = _inner(agent.instance, config[agent.instance])
-        for dataset in inner.get("datasets") or []:
-            if isinstance(dataset, Mapping) and dataset.get("type") == "example":
-                example = venv.site_packages / str(dataset["jsonl_fpath"])
-                break
+    paths = dataset_paths(location, [_inner(a.instance, config[a.instance])[2] for a in agents])
     return EnvironmentSetup(
-        name=name,
-        config_path=path,
+        name=location.name,
+        config_path=location.config_path,
         agents=tuple(a.instance for a in agents),
         agent_impls=tuple(a.impl for a in agents),
         resources_servers=tuple(s.instance for s in mine if s.server_type == RESOURCES),
         dropped=tuple(dropped),
-        example_path=example,
+        example_path=paths.get("example", location.directory / "data" / "example.jsonl"),
+        train_path=paths.get("train"),
     )
+
+
+def dataset_paths(
+    location: EnvironmentLocation, agent_configs: Iterable[Mapping[str, Any]]
+) -> dict[str, Path]:
+    """Dataset type (``example``, ``train`` ...) -> the first such dataset's file.
+
+    ``agent_configs`` are the inner blocks of the environment's agents, in config order;
+    each ``jsonl_fpath`` is resolved against the environment's root
+    (:attr:`~nemogym_sdk.gym.locate.EnvironmentLocation.root`).
+    """
+    paths: dict[str, Path] = {}
+    for inner in agent_configs:
+        for dataset in inner.get("datasets") or []:
+            if isinstance(dataset, Mapping) and dataset.get("jsonl_fpath"):
+                kind = str(dataset.get("type"))
+                paths.setdefault(kind, location.resolve(str(dataset["jsonl_fpath"])))
+    return paths
 
 
 def _reject_directives(node: Any, where: str) -> None:

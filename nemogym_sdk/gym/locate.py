@@ -7,6 +7,10 @@ talks to them over HTTP.
 
 Lookup order: an explicit path, then ``$NEMOGYM_GYM_VENV``, then ``.venv-gym`` at the
 root of the checkout that holds this package.
+
+Environments come from two places: NeMo Gym's own (``resources_servers/<name>`` in the
+venv) and the SDK's (``nemogym_sdk/gym/envs/<name>``, laid out the same way).
+:func:`locate_environment` says which, and is the one place every other module asks.
 """
 
 from __future__ import annotations
@@ -16,14 +20,30 @@ from pathlib import Path
 
 import attrs
 
+from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.gym.errors import GymVenvNotFoundError
 
-__all__ = ["GYM_VENV_ENV_VAR", "GymVenv", "default_gym_venv_path", "find_gym_venv"]
+__all__ = [
+    "GYM_VENV_ENV_VAR",
+    "SDK_ENVS_DIR",
+    "EnvironmentLocation",
+    "GymVenv",
+    "default_gym_venv_path",
+    "find_gym_venv",
+    "locate_environment",
+    "sdk_environment_names",
+]
 
 GYM_VENV_ENV_VAR = "NEMOGYM_GYM_VENV"
 """Environment variable that overrides where the NeMo Gym venv is looked up."""
 
+# The directory holding the nemogym_sdk package (the checkout, or site-packages when
+# installed): ``.venv-gym`` is looked up there, and the dataset paths of the SDK's
+# environments are relative to it, as NeMo Gym's are to its install root.
 _REPO_ROOT = Path(__file__).resolve().parents[2]
+
+SDK_ENVS_DIR = Path(__file__).resolve().with_name("envs")
+"""Where environments shipped with the SDK live: ``nemogym_sdk/gym/envs/<name>/``."""
 
 
 @attrs.frozen(kw_only=True)
@@ -79,3 +99,67 @@ def find_gym_venv(path: str | os.PathLike[str] | None = None) -> GymVenv:
         raise GymVenvNotFoundError(f"{root} is a venv but nemo-gym is not installed in it. {hint}")
     site_packages = candidates[-1].parent.parent
     return GymVenv(root=root, python=python, site_packages=site_packages)
+
+
+@attrs.frozen(kw_only=True)
+class EnvironmentLocation:
+    """Where an environment's resources server lives and what its relative paths mean."""
+
+    name: str
+    """Environment name: its directory and its config's file name."""
+    directory: Path
+    """The resources server directory (``app.py``, ``configs/<name>.yaml``, ``data/``); the
+    server process runs here."""
+    root: Path
+    """What relative paths in its config resolve against (datasets' ``jsonl_fpath``): the
+    venv's site-packages for NeMo Gym's environments, the directory holding the
+    ``nemogym_sdk`` package for the SDK's."""
+    shipped_with_sdk: bool
+    """True for an environment under ``nemogym_sdk/gym/envs``."""
+
+    @property
+    def config_path(self) -> Path:
+        """``<directory>/configs/<name>.yaml``."""
+        return self.directory / "configs" / f"{self.name}.yaml"
+
+    def resolve(self, relative: str | os.PathLike[str]) -> Path:
+        """A path of its config (``jsonl_fpath``) as a file path; absolute paths stay."""
+        return self.root / relative
+
+
+def sdk_environment_names() -> tuple[str, ...]:
+    """Names of the environments under ``nemogym_sdk/gym/envs``, sorted."""
+    if not SDK_ENVS_DIR.is_dir():
+        return ()
+    return tuple(
+        sorted(
+            entry.name
+            for entry in SDK_ENVS_DIR.iterdir()
+            if entry.is_dir() and not entry.name.startswith(("_", "."))
+        )
+    )
+
+
+def locate_environment(venv: GymVenv, name: str) -> EnvironmentLocation:
+    """Find environment ``name``: shipped with the SDK, else in the NeMo Gym venv.
+
+    The venv's location is returned even when it does not exist (callers report unknown
+    environments with suggestions). A name that both ship is refused: which server runs
+    must never depend on the installed NeMo Gym version.
+    """
+    if not name or name != Path(name).name or name.startswith(("_", ".")):
+        raise ConfigError(f"{name!r} is not an environment name")
+    in_venv = venv.resources_server_dir(name)
+    if name in sdk_environment_names():
+        if in_venv.exists():
+            raise ConfigError(
+                f"environment {name!r} exists both in nemogym_sdk ({SDK_ENVS_DIR / name}) and "
+                f"in the NeMo Gym venv ({in_venv}); an SDK environment must not share a name "
+                "with a NeMo Gym one: rename the SDK's"
+            )
+        return EnvironmentLocation(
+            name=name, directory=SDK_ENVS_DIR / name, root=_REPO_ROOT, shipped_with_sdk=True
+        )
+    return EnvironmentLocation(
+        name=name, directory=in_venv, root=venv.site_packages, shipped_with_sdk=False
+    )

@@ -115,7 +115,9 @@ class EnvironmentSetup:
     dropped: tuple[str, ...]
     """Instances of the shipped config that are not started (environment servers)."""
     example_path: Path
-    """The shipped example rows (``data/example.jsonl``)."""
+    """The shipped example rows (the config's ``example`` dataset, else ``data/example.jsonl``)."""
+    train_path: Path | None = None
+    """The config's ``train`` dataset, resolved; ``None`` when it lists none."""
 
 
 @attrs.frozen(kw_only=True)

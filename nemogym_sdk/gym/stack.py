@@ -3,9 +3,13 @@
 Manual mode (default) starts each server the way ``gym env start`` would, minus Ray
 and the head server: ``<gym venv>/bin/python app.py`` in the server's directory, with
 the whole resolved config in ``NEMO_GYM_CONFIG_DICT`` and the server's instance name in
-``NEMO_GYM_CONFIG_PATH``. Head-server mode adds NeMo Gym's own ``HeadServer`` in a small
-process of its own (see :mod:`nemogym_sdk.gym.head_main`), so clients can discover the
-servers through ``GET /server_instances`` and ``GET /global_config_dict_yaml``.
+``NEMO_GYM_CONFIG_PATH``. Environments shipped with the SDK (``nemogym_sdk/gym/envs``,
+e.g. ``target_chars``) run the same way from their directory in the SDK, with the venv's
+interpreter. Servers run with ``PYTHONDONTWRITEBYTECODE=1``, so neither the venv nor the
+SDK's package directory is ever written to. Head-server mode adds NeMo Gym's own
+``HeadServer`` in a small process of its own (see :mod:`nemogym_sdk.gym.head_main`), so
+clients can discover the servers through ``GET /server_instances`` and
+``GET /global_config_dict_yaml``.
 
 Example::
 
@@ -30,7 +34,7 @@ from typing import Any
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.gym.catalog import missing_data_files
 from nemogym_sdk.gym.config import build_stack_config
-from nemogym_sdk.gym.locate import GymVenv, find_gym_venv
+from nemogym_sdk.gym.locate import GymVenv, find_gym_venv, locate_environment
 from nemogym_sdk.gym.overlay import FileSource, make_overlay
 from nemogym_sdk.gym.process import ServerProcess, spawn, stop_all, wait_answering, wait_ready
 from nemogym_sdk.gym.specs import (
@@ -63,7 +67,9 @@ class GymStack:
     ``<workdir>/config.yaml``.
 
     Args:
-        environments: shipped environment names, e.g. ``["example_single_tool_call"]``.
+        environments: environment names, e.g. ``["example_single_tool_call"]``: NeMo Gym's
+            (``resources_servers/<name>`` in the venv) or the SDK's own
+            (:data:`~nemogym_sdk.gym.SDK_ENVIRONMENTS`, e.g. ``"target_chars"``).
         model: the OpenAI-compatible backend, served to the agents as ``policy_model``.
         head_server: also run NeMo Gym's head server (discovery endpoints).
         venv: the NeMo Gym venv (a :class:`GymVenv` or a path); default
@@ -309,6 +315,14 @@ class GymStack:
         return {e.name: e.example_path for e in self.config.environments}
 
     @property
+    def train_paths(self) -> dict[str, Path]:
+        """Environment name -> its ``train`` dataset, for environments whose config lists one.
+
+        The path is resolved but may not exist: many NeMo Gym environments download theirs.
+        """
+        return {e.name: e.train_path for e in self.config.environments if e.train_path is not None}
+
+    @property
     def default_agents(self) -> dict[str, str]:
         """Environment name -> the agent instance its rows go to."""
         return {e.name: e.agents[0] for e in self.config.environments if e.agents}
@@ -363,7 +377,7 @@ class GymStack:
         return items
 
     def _server_dirs(self) -> dict[str, Path]:
-        """``server_type/impl`` -> the directory each server runs in (overlay or venv)."""
+        """``server_type/impl`` -> the directory each server runs in (overlay, venv or SDK)."""
         files = {key: dict(extra) for key, extra in self._server_files.items()}
         for environment in self._environments:
             key = f"resources_servers/{environment}"
@@ -387,7 +401,10 @@ class GymStack:
             key = f"{spec.server_type}/{spec.impl}"
             if key in dirs:
                 continue
-            original = self._venv.server_dir(spec.server_type, spec.impl)
+            if spec.server_type == RESOURCES:
+                original = locate_environment(self._venv, spec.impl).directory
+            else:
+                original = self._venv.server_dir(spec.server_type, spec.impl)
             if key in files:
                 dirs[key] = make_overlay(original, self.workdir / "servers" / key, files.pop(key))
             else:
@@ -404,6 +421,8 @@ class GymStack:
         env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
         env["VIRTUAL_ENV"] = str(self._venv.root)
         env["PYTHONUNBUFFERED"] = "1"
+        # Never write __pycache__ into the venv or the SDK's package (envs/<name>/rules.py).
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
         no_proxy = ",".join(filter(None, [env.get("NO_PROXY", ""), "127.0.0.1,localhost"]))
         env["NO_PROXY"] = env["no_proxy"] = no_proxy
         env.update(self._extra_env)

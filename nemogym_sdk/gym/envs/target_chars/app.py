@@ -1,0 +1,58 @@
+"""target_chars: a toy multi-turn NeMo Gym environment shipped with nemogym_sdk.
+
+A Gymnasium-style resources server, played by NeMo Gym's ``gymnasium_agent``:
+
+* ``/reset`` (the row) starts an episode for the session and returns the round-1
+  observation, which the agent appends to the prompt as a user message;
+* ``/step`` (the row + the model's response) scores the reply of the current round and
+  returns the next round's observation (another user message, so the rollout has
+  environment tokens between model turns), or terminates after the last round.
+
+Each step's reward is ``round_reward(reply) / num_rounds``; the agent sums them, so a
+rollout's reward is the mean round reward in [0, 1]. The rules live in ``rules.py`` (pure
+Python, shared with the SDK's tests); this file only adapts them to NeMo Gym.
+
+Runs in NeMo Gym's venv (``python app.py`` with this directory as the working directory
+and on ``PYTHONPATH``, which is how ``import rules`` finds the sibling module).
+"""
+
+from typing import Any
+
+import rules  # the sibling rules.py: this directory is the cwd and on PYTHONPATH
+from fastapi import HTTPException
+from nemo_gym.openai_utils import NeMoGymResponse
+from resources_servers.gymnasium import GymnasiumServer, extract_text
+
+
+class TargetCharsEnv(GymnasiumServer):
+    """Per-session episodes in ``self.session_state`` (``session id -> rules.Episode``).
+
+    The base class drops a session's entry when a step terminates or truncates
+    (``close_session`` -> ``_cleanup_session``), so finished episodes hold no memory.
+    """
+
+    ray_enabled = False
+
+    async def reset(self, metadata: dict, session_id: str | None = None) -> tuple[str, dict]:
+        try:
+            task = rules.Task.from_row(metadata)
+        except ValueError as exc:
+            raise HTTPException(status_code=422, detail=f"{rules.NAME}: {exc}") from exc
+        self.session_state[session_id] = rules.Episode(task=task)
+        return task.observation(1), {"round": 1, "num_rounds": task.num_rounds}
+
+    async def step(
+        self, action: NeMoGymResponse, metadata: dict, session_id: str | None = None
+    ) -> tuple[str | None, float, bool, bool, dict[str, Any]]:
+        episode = self.session_state.get(session_id)
+        if episode is None:
+            raise HTTPException(
+                status_code=409,
+                detail=f"{rules.NAME}: no episode for this session; POST /reset first",
+            )
+        result = episode.step(extract_text(action))
+        return result.observation, result.reward, result.terminated, False, result.info
+
+
+if __name__ == "__main__":
+    TargetCharsEnv.run_webserver()
