@@ -4,7 +4,8 @@ The core (records, turn parser, env-mask builder, collation, hosts, rows, reward
 pass-through, GRPO advantages) is pure: it imports numpy and attrs, never torch, trl, transformers,
 vllm or axolotl. The network layer (``AgentClient``, ``ServerDirectory``, ``Verifier``,
 ``reward_nemo_gym_verify``) is imported on first use, so ``import nemogym_sdk`` stays
-fast and does not load aiohttp or requests.
+fast and does not load aiohttp or requests. The LoRA sync names (``LoraSync``,
+``check_served_name``, ``probe_lora_support``, ``install_lora_sync``) load the same way.
 """
 
 from __future__ import annotations
@@ -53,6 +54,16 @@ from nemogym_sdk.turns import parse_agent_response
 if TYPE_CHECKING:
     from nemogym_sdk.client import AgentClient, RawRun
     from nemogym_sdk.directory import ServerDirectory, ServerInfo
+    from nemogym_sdk.lora import (
+        LoraCapabilities,
+        LoraSync,
+        LoraSyncError,
+        LoraSyncHook,
+        SyncRecord,
+        check_served_name,
+        install_lora_sync,
+        probe_lora_support,
+    )
     from nemogym_sdk.verify import Verifier, VerifyItem, VerifyResult, reward_nemo_gym_verify
 
 __version__ = "0.1.0"
@@ -62,6 +73,14 @@ _LAZY = {
     "RawRun": "nemogym_sdk.client",
     "ServerDirectory": "nemogym_sdk.directory",
     "ServerInfo": "nemogym_sdk.directory",
+    "LoraCapabilities": "nemogym_sdk.lora",
+    "LoraSync": "nemogym_sdk.lora",
+    "LoraSyncError": "nemogym_sdk.lora",
+    "LoraSyncHook": "nemogym_sdk.lora",
+    "SyncRecord": "nemogym_sdk.lora",
+    "check_served_name": "nemogym_sdk.lora",
+    "install_lora_sync": "nemogym_sdk.lora",
+    "probe_lora_support": "nemogym_sdk.lora",
     "Verifier": "nemogym_sdk.verify",
     "VerifyItem": "nemogym_sdk.verify",
     "VerifyResult": "nemogym_sdk.verify",
@@ -97,6 +116,10 @@ __all__ = [
     "DriftError",
     "DriftPolicy",
     "DriftReport",
+    "LoraCapabilities",
+    "LoraSync",
+    "LoraSyncError",
+    "LoraSyncHook",
     "NemoGymError",
     "NotReadyError",
     "RawRun",
@@ -110,6 +133,7 @@ __all__ = [
     "ServerDirectory",
     "ServerError",
     "ServerInfo",
+    "SyncRecord",
     "TaskRow",
     "Timeouts",
     "TransportError",
@@ -119,13 +143,16 @@ __all__ = [
     "VerifyResult",
     "__version__",
     "base_url",
+    "check_served_name",
     "collate",
     "compute_advantages",
     "expand_groups",
     "group_advantages",
+    "install_lora_sync",
     "load_rows",
     "normalize_host",
     "parse_agent_response",
+    "probe_lora_support",
     "read_rows",
     "reward_env",
     "reward_nemo_gym_verify",

@@ -20,7 +20,6 @@ from nemogym_sdk.wire import build_run_body
 LATER_AXOLOTL = pytest.mark.xfail(
     strict=True, reason="the axolotl adapter (NemoGymPlugin) is delivered by a later issue"
 )
-LATER_LORA = pytest.mark.xfail(strict=True, reason="LoRA sync hooks are delivered by a later issue")
 
 
 class TestParseAgentResponse:
@@ -488,9 +487,9 @@ class TestNemoGymE2E:
 class TestLoRASyncSetup:
     """LoRA sync delegation to the trainer and probing without a client."""
 
-    @LATER_LORA
     def test_delegates_to_async_trainer(self) -> None:
-        """When the trainer has its own adapter sync, the installed hook delegates to it."""
+        """When the trainer has its own adapter sync, the installed hook delegates to it
+        (once, and not to the original), on the instance only."""
         from nemogym_sdk.lora import install_lora_sync
 
         calls: list[str] = []
@@ -498,13 +497,18 @@ class TestLoRASyncSetup:
             _sync_lora_adapter=lambda: calls.append("synced"),
             vllm_generation=SimpleNamespace(sync_weights=lambda: calls.append("base")),
         )
-        install_lora_sync(trainer)
+        hook = install_lora_sync(trainer)
         trainer.vllm_generation.sync_weights()
         assert calls == ["synced"]
+        hook.remove()
+        trainer.vllm_generation.sync_weights()
+        assert calls == ["synced", "base"]
 
-    @LATER_LORA
     def test_check_lora_endpoint_skips_non_main_rank(self) -> None:
         """Probing a generation object without a vLLM client (rank > 0) does not raise."""
+        from unittest.mock import MagicMock
+
         from nemogym_sdk.lora import probe_lora_support
 
         assert probe_lora_support(SimpleNamespace()) is None
+        assert probe_lora_support(MagicMock(spec=[])) is None

@@ -84,12 +84,52 @@ async def _models(request: web.Request) -> web.StreamResponse:
     return web.json_response(request.app[ENGINE_KEY].list_models())
 
 
+# The LoRA request bodies, described like vLLM's FastAPI schema, so that a client can tell
+# from /openapi.json alone that adapters reload in place (``load_inplace``).
+_SCHEMAS: dict[str, dict[str, Any]] = {
+    "LoadLoRAAdapterRequest": {
+        "type": "object",
+        "title": "LoadLoRAAdapterRequest",
+        "properties": {
+            "lora_name": {"type": "string", "title": "Lora Name"},
+            "lora_path": {"type": "string", "title": "Lora Path"},
+            "load_inplace": {"type": "boolean", "title": "Load Inplace", "default": False},
+        },
+        "required": ["lora_name", "lora_path"],
+    },
+    "UnloadLoRAAdapterRequest": {
+        "type": "object",
+        "title": "UnloadLoRAAdapterRequest",
+        "properties": {"lora_name": {"type": "string", "title": "Lora Name"}},
+        "required": ["lora_name"],
+    },
+}
+_REQUEST_BODIES = {
+    "/v1/load_lora_adapter": "LoadLoRAAdapterRequest",
+    "/v1/unload_lora_adapter": "UnloadLoRAAdapterRequest",
+}
+
+
+def _operation(path: str) -> dict[str, Any]:
+    schema = _REQUEST_BODIES.get(path)
+    if schema is None:
+        return {}
+    ref = {"$ref": f"#/components/schemas/{schema}"}
+    return {"requestBody": {"content": {"application/json": {"schema": ref}}, "required": True}}
+
+
 async def _openapi(request: web.Request) -> web.StreamResponse:
     paths: dict[str, dict[str, dict[str, Any]]] = {
-        path: {method: {} for method in methods} for path, methods in ROUTES.items()
+        path: {method: _operation(path) for method in methods} for path, methods in ROUTES.items()
     }
     info = {"title": "nemogym_sdk.serve", "version": "0.1.0"}
-    return web.json_response({"openapi": "3.1.0", "info": info, "paths": paths})
+    document = {
+        "openapi": "3.1.0",
+        "info": info,
+        "paths": paths,
+        "components": {"schemas": _SCHEMAS},
+    }
+    return web.json_response(document)
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:

@@ -1,0 +1,160 @@
+"""The served-name rule: NeMo Gym's model server must request the adapter by its name.
+
+NeMo Gym's model server (a ``responses_api_models`` block, e.g. ``vllm_model``) sends
+every request with the ``model`` of its config, usually ``${policy_model_name}``. vLLM
+applies a LoRA adapter only to requests that name it; any other name is served by the base
+model. So if the model server requests ``Qwen/Qwen3-8B`` while the trainer publishes
+adapter ``policy``, every rollout silently samples the base model and training learns
+from a policy it never changes (axolotl's W-SYNC-1). ``check_served_name`` turns that into
+an error before the first rollout.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from nemogym_sdk.directory import MODELS, _resolve
+from nemogym_sdk.errors import ConfigError
+from nemogym_sdk.hosts import is_loopback, is_wildcard, split_host_port
+
+__all__ = ["check_served_name", "model_servers"]
+
+logger = logging.getLogger(__name__)
+
+# (name key, URL key) pairs of NeMo Gym model server implementations
+_NAME_KEYS = (("model", "base_url"), ("openai_model", "openai_base_url"))
+
+
+def _global_config(deployment: object) -> Mapping[str, Any]:
+    """The global config of a ServerDirectory, a GymStack or a plain mapping (duck typed)."""
+    if isinstance(deployment, Mapping):
+        return deployment
+    config = getattr(deployment, "config", None)
+    if isinstance(config, Mapping):  # ServerDirectory
+        if not config:
+            raise ConfigError(
+                f"{deployment!r} has no global config (it was not read from a head server); "
+                "use ServerDirectory.from_head(...) or pass the global config mapping"
+            )
+        return config
+    nested = getattr(config, "global_config", None)  # GymStack.config (StackConfig)
+    if isinstance(nested, Mapping):
+        return nested
+    raise ConfigError(
+        f"cannot read a NeMo Gym global config from {type(deployment).__name__}; pass a "
+        "ServerDirectory (from_head), a GymStack, or the global config mapping"
+    )
+
+
+def _plain(node: Any) -> Any:
+    """Plain dicts and lists (``_resolve`` walks those), copied so the input is untouched."""
+    if isinstance(node, Mapping):
+        return {str(key): _plain(value) for key, value in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [_plain(value) for value in node]
+    return node
+
+
+def model_servers(config: Mapping[str, Any]) -> list[tuple[str, str, str, list[str]]]:
+    """Model servers of a global config: (instance, implementation, model name, base URLs).
+
+    ``${top_level.key}`` interpolations are resolved against the config; servers without
+    a model name key are left out.
+    """
+    resolved = _resolve(_plain(config))
+    found: list[tuple[str, str, str, list[str]]] = []
+    for instance, block in resolved.items():
+        inner = block.get(MODELS) if isinstance(block, Mapping) else None
+        if not isinstance(inner, Mapping):
+            continue
+        for implementation, server in inner.items():
+            if not isinstance(server, Mapping):
+                continue
+            for name_key, url_key in _NAME_KEYS:
+                if isinstance(server.get(name_key), str):
+                    urls = server.get(url_key)
+                    listed = urls if isinstance(urls, list) else [urls]
+                    found.append(
+                        (
+                            str(instance),
+                            str(implementation),
+                            server[name_key],
+                            [u for u in listed if isinstance(u, str)],
+                        )
+                    )
+                    break
+            else:
+                logger.debug("model server %s (%s) names no model", instance, implementation)
+    return found
+
+
+def _endpoint(url: str) -> tuple[str, int | None] | None:
+    """(host, port) for comparing URLs; loopback and wildcard hosts are one host."""
+    try:
+        host, port = split_host_port(url)
+    except ConfigError:
+        return None
+    host = host.lower()
+    if is_loopback(host) or is_wildcard(host):
+        host = "127.0.0.1"
+    return host, port
+
+
+def check_served_name(
+    deployment: object, adapter_name: str, *, backend_url: str | None = None
+) -> None:
+    """Raise ``ConfigError`` unless NeMo Gym's model servers request ``adapter_name``.
+
+    Args:
+        deployment: a ``ServerDirectory`` (its ``.config``, read from the head server), a
+            ``GymStack`` (``stack.config.global_config``), or the global config mapping.
+        adapter_name: the name the trainer serves its LoRA adapter under
+            (``LoraSync.adapter_name``).
+        backend_url: the inference server the adapter is published to. With it, only
+            model servers whose ``base_url`` (a URL or a list) points there are checked,
+            and at least one must. ``localhost``, ``127.0.0.1`` and ``0.0.0.0`` count as
+            one host.
+
+    Raises:
+        ConfigError: a checked model server requests another model name (the message
+            names the instance, both names and the fix), or no model server is found.
+    """
+    config = _global_config(deployment)
+    servers = model_servers(config)
+    if backend_url is not None:
+        backend = _endpoint(backend_url)
+        if backend is None:
+            raise ConfigError(f"backend_url {backend_url!r} has no host")
+        listed = [f"{name} -> {', '.join(urls) or '(no base_url)'}" for name, _, _, urls in servers]
+        servers = [s for s in servers if any(_endpoint(u) == backend for u in s[3])]
+        if not servers:
+            raise ConfigError(
+                f"no NeMo Gym model server sends requests to {backend_url}; rollouts would not "
+                f"sample adapter {adapter_name!r} from it. Model servers: "
+                f"{'; '.join(listed) or '(none)'}. Point the model server's base_url at the "
+                "inference server the adapter is loaded on (PolicyModel(base_url=...) / "
+                "policy_base_url)."
+            )
+    elif not servers:
+        raise ConfigError(
+            "the NeMo Gym config has no model server (no responses_api_models block with a "
+            "'model' key), so nothing would request the adapter"
+        )
+    wrong = [s for s in servers if s[2] != adapter_name]
+    if wrong:
+        lines = "; ".join(
+            f"model server {instance!r} ({implementation}) requests model {name!r}"
+            for instance, implementation, name, _ in wrong
+        )
+        raise ConfigError(
+            f"{lines}, but the LoRA adapter is served as {adapter_name!r}: every rollout would "
+            f"sample {wrong[0][2]!r} (the base model, or a 404 if the server has no such "
+            "model) instead of the trained adapter. Serve the "
+            f"adapter under the name the model server requests (LoraSync(..., "
+            f"adapter_name={wrong[0][2]!r})), or make the model server request "
+            f"{adapter_name!r} (PolicyModel(model={adapter_name!r}) in a GymStack, or "
+            f"policy_model_name={adapter_name} in the NeMo Gym config)."
+        )
+    logger.debug("served-name rule holds for %r on %d model server(s)", adapter_name, len(servers))
