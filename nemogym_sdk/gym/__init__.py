@@ -20,6 +20,7 @@ See ``docs/gym-environments.md`` for what each shipped environment does, and
 
 from __future__ import annotations
 
+from nemogym_sdk.gym.backends import BackendProcess, start_serve
 from nemogym_sdk.gym.catalog import (
     CATALOGUE,
     SDK_ENVIRONMENTS,
@@ -41,6 +42,7 @@ from nemogym_sdk.gym.specs import EnvironmentSetup, PolicyModel, ServerSpec, Sta
 from nemogym_sdk.gym.stack import HEAD_SERVER_NAME, GymStack
 
 __all__ = [
+    "BackendProcess",
     "CATALOGUE",
     "EnvironmentInfo",
     "EnvironmentLocation",
@@ -63,4 +65,5 @@ __all__ = [
     "find_gym_venv",
     "free_loopback_ports",
     "locate_environment",
+    "start_serve",
 ]

@@ -20,23 +20,23 @@ def world_size() -> int:
 
 
 def all_reduce_values(
-    values: Sequence[float], op: dist.ReduceOp.RedOpType, device: torch.device
+    values: Sequence[float], op: dist.ReduceOp.RedOpType, device: torch.device, *, enabled: bool
 ) -> list[float]:
     """Reduce a few numbers across ranks (float64, so counts stay exact)."""
-    if world_size() == 1:
+    if not enabled or world_size() == 1:
         return [float(v) for v in values]
     tensor = torch.tensor(list(values), dtype=torch.float64, device=device)
     dist.all_reduce(tensor, op=op)
     return [float(v) for v in tensor.tolist()]
 
 
-def all_reduce_grads(parameters: Iterable[torch.nn.Parameter]) -> None:
+def all_reduce_grads(parameters: Iterable[torch.nn.Parameter], *, enabled: bool) -> None:
     """Sum every trainable parameter's gradient over ranks, in flattened buckets.
 
     A parameter without a gradient on this rank (no rows reached it) contributes zeros, so
     every rank issues the same collectives in the same order.
     """
-    if world_size() == 1:
+    if not enabled or world_size() == 1:
         return
     params = [p for p in parameters if p.requires_grad]
     for p in params:

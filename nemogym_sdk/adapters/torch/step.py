@@ -106,6 +106,7 @@ def train_step(
     ref_model: Reference = None,
     old_logprobs: npt.ArrayLike | torch.Tensor | None = None,
     max_grad_norm: float | None = 1.0,
+    distributed: bool | None = None,
 ) -> StepMetrics:
     """Run forward/backward over ``batch`` in micro-batches, then one optimizer step.
 
@@ -123,6 +124,9 @@ def train_step(
         old_logprobs: ``[B, T]`` logprobs of the policy that produced the batch, for a second
             optimizer step on the same batch; None = on-policy (the current model's).
         max_grad_norm: clip the gradient norm to this; None = no clipping.
+        distributed: reduce normalisers, metrics and gradients over the default process
+            group; None = when ``torch.distributed`` is initialised. False computes this
+            rank's batch alone (e.g. a single-process reference inside a distributed job).
     """
     if micro_batch_size < 1:
         raise ConfigError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
@@ -133,17 +137,23 @@ def train_step(
     if loss.beta > 0 and ref_model is None:
         raise ConfigError("loss.beta > 0 needs ref_model (a module, or 'disable_adapter')")
     device = _device(model)
+    collective = (
+        dist.is_available() and dist.is_initialized() if distributed is None else distributed
+    )
     advantages_B = _advantages(advantages, len(batch))
     rows = _trainable_rows(batch, advantages_B, loss)
     loss_mask_BT = batch.loss_mask
     local_tokens = float(loss_mask_BT[rows].sum())
     tokens, row_count = all_reduce_values(
-        [local_tokens, float(len(rows))], dist.ReduceOp.SUM, device
+        [local_tokens, float(len(rows))], dist.ReduceOp.SUM, device, enabled=collective
     )
     # dr_grpo without a configured length divides by the longest real completion (never by
     # the padded width, so padding cannot change the loss).
     (longest,) = all_reduce_values(
-        [float(batch.completion_mask.sum(axis=1).max())], dist.ReduceOp.MAX, device
+        [float(batch.completion_mask.sum(axis=1).max())],
+        dist.ReduceOp.MAX,
+        device,
+        enabled=collective,
     )
     normalizer = loss_normalizer(loss, tokens, row_count, int(longest))
 
@@ -172,7 +182,7 @@ def train_step(
 
     began = time.perf_counter()
     trainable = [p for p in model.parameters() if p.requires_grad]
-    all_reduce_grads(trainable)
+    all_reduce_grads(trainable, enabled=collective)
     grads = [p.grad for p in trainable if p.grad is not None]
     grad_norm = 0.0
     if grads:
@@ -183,6 +193,7 @@ def train_step(
         optimizer.step()
     optimizer_s = time.perf_counter() - began
     return totals.metrics(
+        collective=collective,
         normalizer=normalizer,
         per_row=loss.loss_type == "gspo",
         device=device,
@@ -258,11 +269,21 @@ class _Totals:
         self.mismatch_max = max(self.mismatch_max, float(terms.mismatch_abs_max))
 
     def metrics(
-        self, *, normalizer: float, per_row: bool, device: torch.device, **extra: Any
+        self,
+        *,
+        collective: bool,
+        normalizer: float,
+        per_row: bool,
+        device: torch.device,
+        **extra: Any,
     ) -> StepMetrics:
-        values = all_reduce_values(list(self.sums.values()), dist.ReduceOp.SUM, device)
+        values = all_reduce_values(
+            list(self.sums.values()), dist.ReduceOp.SUM, device, enabled=collective
+        )
         sums = dict(zip(self._SUMS, values, strict=True))
-        (mismatch_max,) = all_reduce_values([self.mismatch_max], dist.ReduceOp.MAX, device)
+        (mismatch_max,) = all_reduce_values(
+            [self.mismatch_max], dist.ReduceOp.MAX, device, enabled=collective
+        )
         tokens, rows = sums["tokens"], sums["rows"]
         units = rows if per_row else tokens  # what clip and IS fractions count
 

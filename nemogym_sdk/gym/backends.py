@@ -1,0 +1,145 @@
+"""Model backends for a stack, as processes: ``nemogym_sdk.serve`` on a loopback port.
+
+NeMo Gym's ``vllm_model`` needs an OpenAI-compatible backend to sample from. `start_serve`
+launches ``python -m nemogym_sdk.serve`` (the CPU model server) in a process group of its own,
+waits until it answers, and returns a `BackendProcess` whose `policy_model` plugs into
+``GymStack``::
+
+    with start_serve(mode="sample", logprobs_mode="processed_logprobs") as backend:
+        model = backend.policy_model("policy")          # the LoRA adapter's served name
+        with GymStack(["target_chars"], model) as stack:
+            ...
+
+The process runs the SDK's own interpreter (torch and transformers live there), logs to a
+file, and is stopped by its process group, never by name.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+import attrs
+
+from nemogym_sdk.gym.config import free_loopback_ports
+from nemogym_sdk.gym.process import ServerProcess, spawn, stop_all, wait_ready
+from nemogym_sdk.gym.specs import LOOPBACK, PolicyModel
+
+__all__ = ["BackendProcess", "start_serve"]
+
+
+@attrs.define(kw_only=True, eq=False)
+class BackendProcess:
+    """A running model backend; a context manager that stops it on exit."""
+
+    process: ServerProcess
+    """The server process (leader of its own process group)."""
+    base_url: str
+    """``http://127.0.0.1:<port>/v1``: what ``vllm_model`` and ``LoraSync`` take."""
+    served_model_name: str
+    """The base model's name on the server."""
+
+    @property
+    def pid(self) -> int:
+        """Process id (also its process-group id)."""
+        return self.process.pid
+
+    @property
+    def log_path(self) -> Path:
+        """Where its stdout and stderr go."""
+        return self.process.log_path
+
+    def policy_model(self, model: str | None = None, **kwargs: object) -> PolicyModel:
+        """A ``PolicyModel`` for ``GymStack`` that requests ``model`` (default: the base model).
+
+        Pass the LoRA adapter's name when training one: NeMo Gym's model server requests that
+        name, so every rollout samples the adapter (see ``docs/lora-sync.md``).
+        """
+        return PolicyModel(
+            base_url=self.base_url,
+            model=model or self.served_model_name,
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+    def stop(self, grace: float = 5.0) -> None:
+        """SIGTERM the process group, SIGKILL after ``grace`` seconds (idempotent)."""
+        stop_all([self.process], grace)
+
+    def __enter__(self) -> BackendProcess:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def start_serve(
+    *,
+    mode: str = "sample",
+    logprobs_mode: str = "processed_logprobs",
+    model: str | os.PathLike[str] | None = None,
+    served_model_name: str | None = None,
+    seed: int = 0,
+    extra_args: Sequence[str] = (),
+    log_path: str | os.PathLike[str] | None = None,
+    ready_timeout: float = 120.0,
+) -> BackendProcess:
+    """Start ``python -m nemogym_sdk.serve`` on a free loopback port and wait until it answers.
+
+    Args:
+        mode: ``sample`` (real sampling) or ``scripted`` (see ``nemogym_sdk.serve``).
+        logprobs_mode: ``processed_logprobs`` (what GRPO's ratio needs) or ``raw_logprobs``.
+        model: a local model directory; None = the built-in tiny model (weights from ``seed``).
+        served_model_name: the base model's name; default ``nemogym-tiny`` or the path.
+        seed: seed of the tiny model's weights and of sampling.
+        extra_args: more command-line flags for the server.
+        log_path: its log file; default a file in the temporary directory.
+        ready_timeout: seconds to wait for ``/health``.
+
+    Raises ``ServerStartError`` (the log's tail included) if it exits, ``ServerNotReadyError``
+    if it does not answer in time; the process is stopped before either propagates.
+    """
+    (port,) = free_loopback_ports(1)
+    argv = [sys.executable, "-m", "nemogym_sdk.serve", "--host", LOOPBACK, "--port", str(port)]
+    argv += ["--mode", mode, "--logprobs-mode", logprobs_mode, "--seed", str(seed)]
+    if model is not None:
+        argv += ["--model", str(model)]
+    if served_model_name is not None:
+        argv += ["--served-model-name", served_model_name]
+    argv += list(extra_args)
+    log = Path(log_path) if log_path is not None else _default_log(port)
+    process = spawn(
+        "nemogym_sdk.serve",
+        argv,
+        cwd=Path.cwd(),
+        env=os.environ,
+        log_path=log,
+        health_url=f"http://{LOOPBACK}:{port}/health",
+    )
+    try:
+        wait_ready([process], ready_timeout)
+    except BaseException:
+        stop_all([process], grace=5.0)
+        raise
+    if served_model_name is None:
+        from nemogym_sdk.serve.tiny import TINY_MODEL_NAME
+
+        served_model_name = TINY_MODEL_NAME if model is None else str(model)
+    return BackendProcess(
+        process=process,
+        base_url=f"http://{LOOPBACK}:{port}/v1",
+        served_model_name=served_model_name,
+    )
+
+
+def _default_log(port: int) -> Path:
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"nemogym-serve-{port}-{os.getpid()}.log"
