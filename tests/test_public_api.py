@@ -118,3 +118,14 @@ def test_core_imports_only_allowed_dependencies() -> None:
     for name in CORE:
         extra = _module_level_imports(PACKAGE / f"{name}.py") - allowed
         assert not extra, f"{name}.py imports {sorted(extra)}"
+
+
+def test_training_io_and_launch_layers_load_no_heavy_framework() -> None:
+    """grpo, lora and gym (advantages, LoRA sync, stacks) import without torch or peft:
+    only adapters.torch and the functions that save an adapter need them."""
+    code = (
+        "import sys, nemogym_sdk.grpo, nemogym_sdk.lora, nemogym_sdk.gym; "
+        f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
