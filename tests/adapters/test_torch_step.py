@@ -141,3 +141,27 @@ def test_mask_truncated_leaves_cut_completions_out(rollouts: list[Rollout]) -> N
     batch = collate(cut, pad_token_id=PAD)
     kept = train_step(model, optimizer, batch, ADVANTAGES, loss=PolicyLoss(mask_truncated=True))
     assert (kept.rows, kept.tokens) == (2, 6)
+
+
+def test_old_logprobs_drive_the_ratio(rollouts: list[Rollout]) -> None:
+    """old_logprobs equal to the current policy's reproduce the on-policy gradient; after an
+    update, the same old_logprobs make ratios != 1 (a second PPO epoch), so some get clipped
+    with a small epsilon. A wrong shape is a ConfigError."""
+    from nemogym_sdk.adapters.torch import token_logprobs
+
+    batch = collate(rollouts, pad_token_id=PAD)
+    model = lora_policy(perturb=0.2)
+    with torch.no_grad():
+        old = token_logprobs(model, batch)
+    assert_same(
+        gradients(rollouts, ADVANTAGES),
+        gradients(rollouts, ADVANTAGES, old_logprobs=old),
+    )
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
+    train_step(model, optimizer, batch, ADVANTAGES)
+    second = train_step(
+        model, optimizer, batch, ADVANTAGES, old_logprobs=old, loss=PolicyLoss(epsilon=1e-4)
+    )
+    assert second.clip_fraction > 0
+    with pytest.raises(ConfigError, match="old_logprobs"):
+        train_step(model, optimizer, batch, ADVANTAGES, old_logprobs=old[:, :2])

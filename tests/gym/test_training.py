@@ -7,7 +7,7 @@ parse/collate -> grpo -> adapters.torch.train_step -> LoraSync) against the toy 
 The logprob-mismatch bound: sampler and learner are the same fp32 weights and the same
 processed distribution; they differ only in how the sums run (the server decodes one token at
 a time with a KV cache, the learner runs whole padded sequences), which moves a logprob by
-~1e-5 (seen: at most 1.9e-5). 1e-4 leaves 5x room, while a wrong distribution shows at once:
+~1e-5 (seen: at most 2.4e-5). 1e-4 leaves 5x room, while a wrong distribution shows at once:
 at this learning rate one step moves the policy's logprobs by 0.6-0.9 on average (measured), so
 an adapter one version stale would miss the bound by four orders of magnitude.
 """

@@ -24,7 +24,7 @@ from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.records import Batch
 from nemogym_sdk.serve.sampling import process_logits
 
-__all__ = ["completion_logprobs", "token_logprobs"]
+__all__ = ["completion_logprobs", "model_device", "token_logprobs"]
 
 _INPUT_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
 
@@ -54,7 +54,7 @@ def token_logprobs(
     """
     if chunk_size is not None and chunk_size < 1:
         raise ConfigError(f"chunk_size must be >= 1, got {chunk_size}")
-    target = torch.device(device) if device is not None else _model_device(model)
+    target = torch.device(device) if device is not None else model_device(model)
     tensors = _inputs(batch, target)
     rows = tensors["prompt_ids"].shape[0]
     step = rows if chunk_size is None else chunk_size
@@ -132,7 +132,8 @@ def _inputs(batch: Batch | Mapping[str, torch.Tensor], device: torch.device) -> 
     return {key: batch[key].to(device=device) for key in _INPUT_KEYS}
 
 
-def _model_device(model: torch.nn.Module) -> torch.device:
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where the model's first parameter lives (CPU for a model without parameters)."""
     for parameter in model.parameters():
         return parameter.device
     return torch.device("cpu")

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from nemogym_sdk.adapters.torch._dist import all_reduce_grads, all_reduce_values
-from nemogym_sdk.adapters.torch.logprobs import completion_logprobs
+from nemogym_sdk.adapters.torch.logprobs import completion_logprobs, model_device
 from nemogym_sdk.adapters.torch.losses import (
     LossTerms,
     PolicyLoss,
@@ -136,12 +136,20 @@ def train_step(
         )
     if loss.beta > 0 and ref_model is None:
         raise ConfigError("loss.beta > 0 needs ref_model (a module, or 'disable_adapter')")
-    device = _device(model)
+    device = model_device(model)
     collective = (
         dist.is_available() and dist.is_initialized() if distributed is None else distributed
     )
     advantages_B = _advantages(advantages, len(batch))
-    rows = _trainable_rows(batch, advantages_B, loss)
+    old_BT = None
+    if old_logprobs is not None:
+        old_BT = torch.as_tensor(old_logprobs, dtype=torch.float32)
+        if tuple(old_BT.shape) != batch.completion_ids.shape:
+            raise ConfigError(
+                f"old_logprobs must have the batch's completion shape "
+                f"{batch.completion_ids.shape}, got {tuple(old_BT.shape)}"
+            )
+    rows = _trainable_rows(batch, loss)
     loss_mask_BT = batch.loss_mask
     local_tokens = float(loss_mask_BT[rows].sum())
     tokens, row_count = all_reduce_values(
@@ -172,7 +180,7 @@ def train_step(
             device,
             processing={"temperature": temperature, "top_k": top_k, "top_p": top_p},
             ref_model=ref_model,
-            old_logprobs=old_logprobs,
+            old_BT=old_BT,
         )
         if normalizer > 0:
             (terms.objective / normalizer).backward()  # type: ignore[no-untyped-call]
@@ -215,7 +223,7 @@ def _micro_batch(
     *,
     processing: dict[str, Any],
     ref_model: Reference,
-    old_logprobs: npt.ArrayLike | torch.Tensor | None,
+    old_BT: torch.Tensor | None,
 ) -> LossTerms:
     def rows_of(array: npt.NDArray[Any], dtype: torch.dtype) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array[picked])).to(device=device, dtype=dtype)
@@ -236,10 +244,7 @@ def _micro_batch(
             else:
                 assert isinstance(ref_model, torch.nn.Module)
                 ref_bT = completion_logprobs(ref_model, *inputs, **processing)
-    old_bT = None
-    if old_logprobs is not None:
-        old = torch.as_tensor(old_logprobs)
-        old_bT = old[torch.from_numpy(picked)].to(device=device, dtype=torch.float32)
+    old_bT = None if old_BT is None else old_BT[torch.from_numpy(picked)].to(device)
     return policy_loss_terms(
         logprobs_bT,
         torch.from_numpy(advantages_B[picked]).to(device),
@@ -306,9 +311,8 @@ class _Totals:
         )
 
 
-def _trainable_rows(
-    batch: Batch, advantages_B: npt.NDArray[np.float32], loss: PolicyLoss
-) -> npt.NDArray[np.int64]:
+def _trainable_rows(batch: Batch, loss: PolicyLoss) -> npt.NDArray[np.int64]:
+    """OK rows with at least one policy token (and not truncated, with ``mask_truncated``)."""
     keep_B = batch.ok & (batch.loss_mask.sum(axis=1) > 0)
     if loss.mask_truncated:
         keep_B &= ~batch.truncated
@@ -329,9 +333,3 @@ def _advantages(
     if not np.all(np.isfinite(values)):
         raise ConfigError("advantages must be finite")
     return values
-
-
-def _device(model: torch.nn.Module) -> torch.device:
-    for parameter in model.parameters():
-        return parameter.device
-    return torch.device("cpu")
