@@ -83,7 +83,7 @@ import numpy as np
 import numpy.typing as npt
 
 from nemogym_sdk.errors import ConfigError, DataError
-from nemogym_sdk.records import Batch, RolloutStatus
+from nemogym_sdk.records import Batch, RolloutStatus, readonly_array
 
 __all__ = [
     "AdvantageStats",
@@ -121,22 +121,16 @@ class Aggregation(enum.StrEnum):
     """Group-normalize each component, then take the weighted sum (GDPO)."""
 
 
-def _readonly_copy(value: Any, dtype: type[np.generic]) -> npt.NDArray[Any]:
-    array = np.array(value, dtype=dtype, copy=True)
-    array.setflags(write=False)
-    return array
-
-
 def _float32(value: Any) -> npt.NDArray[np.float32]:
-    return _readonly_copy(value, np.float32)
+    return readonly_array(value, np.float32)
 
 
 def _float64(value: Any) -> FloatArray:
-    return _readonly_copy(value, np.float64)
+    return readonly_array(value, np.float64)
 
 
 def _int64(value: Any) -> IntArray:
-    return _readonly_copy(value, np.int64)
+    return readonly_array(value, np.int64)
 
 
 def _counts(value: Mapping[str, int]) -> dict[str, int]:

@@ -84,18 +84,22 @@ def _readonly(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 
 
 def _ids(value: Any) -> IntArray:
-    return _as_readonly(value, np.int64)
+    return readonly_array(value, np.int64)
 
 
 def _mask(value: Any) -> MaskArray:
-    return _as_readonly(value, np.int8)
+    return readonly_array(value, np.int8)
 
 
 def _floats(value: Any) -> FloatArray:
-    return _as_readonly(value, np.float64)
+    return readonly_array(value, np.float64)
 
 
-def _as_readonly(value: Any, dtype: type[np.generic]) -> npt.NDArray[Any]:
+def readonly_array(value: Any, dtype: type[np.generic]) -> npt.NDArray[Any]:
+    """``value`` as a read-only 1-D array of ``dtype`` (a copy, unless it already is one).
+
+    The converter of every array field of the SDK's frozen records.
+    """
     if isinstance(value, np.ndarray) and value.dtype == dtype and not value.flags.writeable:
         return value
     array = np.array(value, dtype=dtype, copy=True)

@@ -149,8 +149,8 @@ def train_step(
                 f"old_logprobs must have the batch's completion shape "
                 f"{batch.completion_ids.shape}, got {tuple(old_BT.shape)}"
             )
-    rows = _trainable_rows(batch, loss)
-    loss_mask_BT = batch.loss_mask
+    loss_mask_BT = batch.loss_mask  # completion_mask * env_mask, computed once per step
+    rows = _trainable_rows(batch, loss_mask_BT, loss)
     local_tokens = float(loss_mask_BT[rows].sum())
     tokens, row_count = all_reduce_values(
         [local_tokens, float(len(rows))], dist.ReduceOp.SUM, device, enabled=collective
@@ -174,6 +174,7 @@ def train_step(
         terms = _micro_batch(
             model,
             batch,
+            loss_mask_BT,
             picked,
             advantages_B,
             loss,
@@ -216,6 +217,7 @@ def train_step(
 def _micro_batch(
     model: torch.nn.Module,
     batch: Batch,
+    loss_mask_BT: npt.NDArray[np.int8],
     picked: npt.NDArray[np.int64],
     advantages_B: npt.NDArray[np.float32],
     loss: PolicyLoss,
@@ -248,7 +250,7 @@ def _micro_batch(
     return policy_loss_terms(
         logprobs_bT,
         torch.from_numpy(advantages_B[picked]).to(device),
-        rows_of(batch.loss_mask, torch.bool),
+        rows_of(loss_mask_BT, torch.bool),
         loss,
         old_logprobs_BT=old_bT,
         sampler_logprobs_BT=rows_of(batch.logprobs, torch.float32),
@@ -311,9 +313,11 @@ class _Totals:
         )
 
 
-def _trainable_rows(batch: Batch, loss: PolicyLoss) -> npt.NDArray[np.int64]:
+def _trainable_rows(
+    batch: Batch, loss_mask_BT: npt.NDArray[np.int8], loss: PolicyLoss
+) -> npt.NDArray[np.int64]:
     """OK rows with at least one policy token (and not truncated, with ``mask_truncated``)."""
-    keep_B = batch.ok & (batch.loss_mask.sum(axis=1) > 0)
+    keep_B = batch.ok & (loss_mask_BT.sum(axis=1) > 0)
     if loss.mask_truncated:
         keep_B &= ~batch.truncated
     return np.flatnonzero(keep_B).astype(np.int64)
