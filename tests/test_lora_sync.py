@@ -32,6 +32,7 @@ from nemogym_sdk.lora import (
     install_lora_sync,
 )
 
+from .serve.conftest import peft_logprobs
 from .test_lora_probe import FakeVLLM, openapi
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
@@ -458,22 +459,6 @@ def served(server: Any, model: str) -> tuple[list[int], list[int], list[float]]:
     return data["prompt_token_ids"], choice["token_ids"], logprobs
 
 
-def hf_peft_logprobs(adapter: str, prompt: list[int], forced: list[int]) -> list[float]:
-    """Independent HF + PEFT logprobs of ``forced`` after ``prompt``."""
-    import torch
-    from peft import PeftModel
-
-    from nemogym_sdk.serve.tiny import build_tiny_model
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", ".*is_gradient_checkpointing", FutureWarning)
-        model = PeftModel.from_pretrained(build_tiny_model(0), adapter)
-    with torch.inference_mode():
-        logits_TV = model(input_ids=torch.tensor([prompt + forced])).logits[0]
-    logprobs_TV = torch.log_softmax(logits_TV, dim=-1)
-    return [float(logprobs_TV[len(prompt) - 1 + i, t]) for i, t in enumerate(forced)]
-
-
 def card_root(server: Any, name: str) -> str | None:
     cards = requests.get(f"{server.base_url}/models", timeout=10).json()["data"]
     return next((c["root"] for c in cards if c["id"] == name), None)
@@ -504,7 +489,7 @@ def test_initialize_then_sync_serves_each_version(server: Any, tmp_path: Path) -
         _, served_ids, now = served(server, "policy")
         assert served_ids == ids
         assert max(abs(a - b) for a, b in zip(now, previous, strict=True)) > 1e-3
-        assert now == pytest.approx(hf_peft_logprobs(record.path, prompt, ids), abs=1e-5)
+        assert now == pytest.approx(peft_logprobs(record.path, prompt, ids), abs=1e-5)
         previous = now
 
     assert [r.version for r in sync.history] == [0, 1, 2, 3]
@@ -579,7 +564,7 @@ def test_push_serves_an_adapter_saved_elsewhere(server: Any, tmp_path: Path) -> 
     record = sync.push(source)
     assert record.version == 1 and Path(record.path).parent == sync.versions_dir
     prompt, ids, logprobs = served(server, "pushed")
-    assert logprobs == pytest.approx(hf_peft_logprobs(str(source), prompt, ids), abs=1e-5)
+    assert logprobs == pytest.approx(peft_logprobs(str(source), prompt, ids), abs=1e-5)
 
 
 def test_sync_rejects_a_model_without_lora(server: Any, tmp_path: Path) -> None:

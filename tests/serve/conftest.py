@@ -95,3 +95,19 @@ def save_random_lora(directory: Path, seed: int, *, rank: int = 4) -> Path:
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
     model.save_pretrained(str(directory))
     return directory
+
+
+def peft_logprobs(adapter: str | Path, prompt: list[int], forced: list[int]) -> list[float]:
+    """Independent HF + PEFT logprobs of ``forced`` after ``prompt`` (the tiny model, seed 0)."""
+    import torch
+    from peft import PeftModel
+
+    from nemogym_sdk.serve.tiny import build_tiny_model
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*is_gradient_checkpointing", FutureWarning)
+        model = PeftModel.from_pretrained(build_tiny_model(0), str(adapter))
+    with torch.inference_mode():
+        logits_TV = model(input_ids=torch.tensor([prompt + forced])).logits[0]
+    logprobs_TV = torch.log_softmax(logits_TV, dim=-1)
+    return [float(logprobs_TV[len(prompt) - 1 + i, t]) for i, t in enumerate(forced)]

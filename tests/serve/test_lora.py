@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,12 +9,11 @@ from typing import Any
 import pytest
 import requests
 
-from .conftest import MODEL_NAME, make_server, save_random_lora
+from .conftest import MODEL_NAME, make_server, peft_logprobs, save_random_lora
 
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-import torch
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 
@@ -50,21 +48,6 @@ def logprobs(server: Any, model: str) -> tuple[list[int], list[float]]:
     assert response.status_code == 200, response.text
     choice = response.json()["choices"][0]
     return choice["token_ids"], [e["logprob"] for e in choice["logprobs"]["content"]]
-
-
-def peft_logprobs(adapter: Path, prompt: list[int], forced: list[int]) -> list[float]:
-    """Independent HF + PEFT logprobs of ``forced`` after ``prompt``."""
-    from peft import PeftModel
-
-    from nemogym_sdk.serve.tiny import build_tiny_model
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", ".*is_gradient_checkpointing", FutureWarning)
-        model = PeftModel.from_pretrained(build_tiny_model(0), str(adapter))
-    with torch.inference_mode():
-        logits_TV = model(input_ids=torch.tensor([prompt + forced])).logits[0]
-    logprobs_TV = torch.log_softmax(logits_TV, dim=-1)
-    return [float(logprobs_TV[len(prompt) - 1 + i, t]) for i, t in enumerate(forced)]
 
 
 def test_lora_load_route_reload_and_unload(server: Any, adapters: dict[str, Path]) -> None:
