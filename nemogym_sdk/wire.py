@@ -371,6 +371,45 @@ def build_run_body(
     return body
 
 
+INPUT = "input"
+ROLE = "role"
+_TEXT_PARTS = frozenset({"input_text", OUTPUT_TEXT, TEXT})
+
+
+def input_messages(row: Mapping[str, Any]) -> list[dict[str, str]]:
+    """A row's request input as chat messages ``{"role", "content"}`` with text content.
+
+    ``responses_create_params.input`` is a string (one user message) or a list of items;
+    message items keep their role, and their content, a string or a list of parts, becomes
+    the text of its text parts. Items that are not messages (earlier tool calls and their
+    outputs) are left out: this is the prompt as a trainer shows or samples it, while the
+    row itself still travels whole to the agent.
+    """
+    params = row.get(RESPONSES_CREATE_PARAMS)
+    raw = params.get(INPUT) if isinstance(params, Mapping) else None
+    if isinstance(raw, str):
+        return [{ROLE: "user", CONTENT: raw}]
+    messages = []
+    for item in raw if isinstance(raw, Sequence) else ():
+        if not isinstance(item, Mapping) or not isinstance(item.get(ROLE), str):
+            continue
+        if item.get(ITEM_TYPE, MESSAGE) != MESSAGE:
+            continue
+        content = item.get(CONTENT)
+        if isinstance(content, str):
+            text = content
+        elif isinstance(content, Sequence):
+            text = "".join(
+                str(part.get(TEXT, ""))
+                for part in content
+                if isinstance(part, Mapping) and part.get(ITEM_TYPE) in _TEXT_PARTS
+            )
+        else:
+            text = ""
+        messages.append({ROLE: item[ROLE], CONTENT: text})
+    return messages
+
+
 # --- Responses-API objects for /verify ---------------------------------------------------
 
 _THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.DOTALL)

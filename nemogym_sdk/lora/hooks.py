@@ -19,7 +19,7 @@ from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.lora.probe import LoraSyncError
 from nemogym_sdk.lora.sync import LoraSync
 
-__all__ = ["LoraSyncHook", "install_lora_sync"]
+__all__ = ["LoraSyncHook", "install_lora_sync", "run_on_main"]
 
 logger = logging.getLogger(__name__)
 
@@ -112,13 +112,21 @@ def _is_main(trainer: object, dist: Any) -> bool:
     return dist is None or int(dist.get_rank()) == 0
 
 
-def _sync_on_main(trainer: object, sync: LoraSync) -> None:
-    """Rank 0 publishes; every rank then learns the outcome (and fails together)."""
+def run_on_main(action: Callable[[], object], *, is_main: bool | None = None) -> None:
+    """Run ``action`` on the main process only; every process learns the outcome.
+
+    ``is_main`` defaults to rank 0 (or True without ``torch.distributed``). When a process
+    group is up, the outcome is broadcast from rank 0: a barrier after which every rank
+    raises if the action failed (``LoraSyncError`` on the others), so no rank waits
+    forever for a rank that gave up.
+    """
     dist = _distributed()
+    if is_main is None:
+        is_main = dist is None or int(dist.get_rank()) == 0
     error: Exception | None = None
-    if _is_main(trainer, dist):
+    if is_main:
         try:
-            sync.sync(getattr(trainer, "model", None))
+            action()
         except Exception as exc:  # noqa: BLE001 - re-raised below, after the other ranks know
             error = exc
     if dist is not None:
@@ -128,6 +136,14 @@ def _sync_on_main(trainer: object, sync: LoraSync) -> None:
             raise LoraSyncError(f"LoRA sync failed on the main process: {outcome[0]}")
     if error is not None:
         raise error
+
+
+def _sync_on_main(trainer: object, sync: LoraSync) -> None:
+    """Rank 0 publishes; every rank then learns the outcome (and fails together)."""
+    run_on_main(
+        lambda: sync.sync(getattr(trainer, "model", None)),
+        is_main=_is_main(trainer, _distributed()),
+    )
 
 
 def install_lora_sync(trainer: object, sync: LoraSync | None = None) -> LoraSyncHook:

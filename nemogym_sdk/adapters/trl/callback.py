@@ -1,0 +1,79 @@
+"""A ``TrainerCallback`` that publishes the LoRA adapter to the sampler after every step.
+
+TRL syncs weights only to a vLLM it manages itself. With NeMo Gym the sampler is the
+server NeMo Gym's model server points at, so the adapter goes there, by name, through
+``LoraSync``: version 0 (the zero adapter, equal to the base model) before the first
+rollout, then one version per optimizer step, each confirmed in ``/v1/models``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import TrainerCallback
+
+from nemogym_sdk.errors import ConfigError
+from nemogym_sdk.lora import LoraSync, SyncRecord, check_served_name
+from nemogym_sdk.lora.hooks import run_on_main
+
+__all__ = ["LoraSyncCallback"]
+
+
+class LoraSyncCallback(TrainerCallback):
+    """Sync the trainer's LoRA adapter to the sampler, on the main process only.
+
+    Add it with ``trainer.add_callback(LoraSyncCallback(sync, deployment=stack))``.
+
+    - ``on_train_begin``: checks that NeMo Gym's model servers request
+      ``sync.adapter_name`` from ``sync.base_url`` (when ``deployment`` is given), then
+      publishes version 0 (``LoraSync.initialize``; skipped if ``sync`` already has).
+    - ``on_step_end`` (after each optimizer step): publishes the next version, so the
+      next rollouts sample the weights just trained.
+
+    Only the main process touches the server; with several processes every rank waits
+    for its outcome and all raise if it failed. Failures are errors, never warnings: a
+    sampler left on an old adapter would train on stale rollouts without a sign.
+
+    Args:
+        sync: the ``LoraSync`` to publish through; ``None`` on processes other than the
+            main one is fine.
+        deployment: a ``ServerDirectory`` or ``GymStack`` whose model servers must request
+            the adapter by name (see ``check_served_name``).
+        require_zero: version 0 must be the zero adapter (see ``LoraSync.initialize``).
+    """
+
+    def __init__(
+        self,
+        sync: LoraSync | None,
+        *,
+        deployment: object | None = None,
+        require_zero: bool = True,
+    ) -> None:
+        self.sync = sync
+        self.deployment = deployment
+        self.require_zero = require_zero
+        self.records: list[SyncRecord] = []
+        """Every publish this callback made, oldest first (main process only)."""
+
+    def _main_sync(self) -> LoraSync:
+        if self.sync is None:
+            raise ConfigError("LoraSyncCallback needs a LoraSync on the main process")
+        return self.sync
+
+    def _begin(self, model: Any) -> None:
+        sync = self._main_sync()
+        if self.deployment is not None:
+            check_served_name(self.deployment, sync.adapter_name, backend_url=sync.base_url)
+        if sync.version is None:
+            self.records.append(sync.initialize(model, require_zero=self.require_zero))
+
+    def _publish(self, model: Any) -> None:
+        self.records.append(self._main_sync().sync(model))
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        model = kwargs.get("model")
+        run_on_main(lambda: self._begin(model), is_main=bool(state.is_world_process_zero))
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        model = kwargs.get("model")
+        run_on_main(lambda: self._publish(model), is_main=bool(state.is_world_process_zero))
