@@ -5,4 +5,7 @@ Each adapter imports its framework only when it is imported itself, and fails wi
 
 - `nemogym_sdk.adapters.torch`: per-token logprobs, GRPO-family policy losses and a
   ``train_step`` for a hand-written PyTorch loop (``pip install 'nemogym-sdk[torch]'``).
+- `nemogym_sdk.adapters.trl`: TRL's ``GRPOTrainer`` with NeMo Gym: ``make_rollout_func``,
+  ``nemo_gym_reward``, ``make_verify_reward``, ``LoraSyncCallback``
+  (``pip install 'nemogym-sdk[trl]'``).
 """

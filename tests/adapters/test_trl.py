@@ -196,7 +196,7 @@ def test_rollout_func_checks_the_count_trl_expects(tmp_path: Path) -> None:
     assert rollout_func.calls == 0
 
 
-def test_rollout_func_rejects_unknown_rows_and_forks(tmp_path: Path) -> None:
+def test_rollout_func_rejects_unknown_rows_forks_and_trl_vllm(tmp_path: Path) -> None:
     rows = rows_file(tmp_path, ["crane"])
     other = [{"role": "user", "content": "x", ROW_ID_KEY: "elsewhere:1"}]
     with (
@@ -204,6 +204,11 @@ def test_rollout_func_rejects_unknown_rows_and_forks(tmp_path: Path) -> None:
         pytest.raises(ConfigError, match="not among the rows"),
     ):
         rollout_func([other], trainer(1))
+    with (
+        make_rollout_func({"wordle": "http://127.0.0.1:9"}, rows) as rollout_func,
+        pytest.raises(ConfigError, match="use_vllm=False"),
+    ):
+        rollout_func(list(make_dataset(rows)["prompt"]), SimpleNamespace(use_vllm=True))
     with pytest.raises(ConfigError, match="fork"):
         make_rollout_func({"wordle": "http://127.0.0.1:9"}, rows, on_drift="fork")
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -156,3 +158,19 @@ def test_grpo_trainer_on_real_nemo_gym(gym_venv: object, tmp_path: Path) -> None
             assert env_tokens.sum() > 0 and policy_tokens.sum() > 0
             assert float(per_token[env_tokens].max()) == 0.0
             assert float(per_token[policy_tokens].max()) > 0.0
+
+
+def test_example_script_runs(gym_venv: object, tmp_path: Path) -> None:
+    """``python examples/trl_grpo.py`` as a user runs it: two steps, adapter v1 then v2
+    served, every rollout OK, summary written."""
+    out = tmp_path / "run"
+    argv = [sys.executable, str(EXAMPLE), "--steps", "2", "--out", str(out)]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["global_step"] == 2
+    assert summary["sync_versions"] == [0, 1, 2]
+    assert [step["served_version"] for step in summary["steps"]] == [1, 2]
+    assert all(step["statuses"] == {"ok": 8} for step in summary["steps"])
+    assert "step   2" in done.stdout

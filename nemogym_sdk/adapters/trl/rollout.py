@@ -191,6 +191,13 @@ class NemoGymRolloutFunc:
 
     def __call__(self, prompts: Sequence[Any], trainer: Any) -> dict[str, list[Any]]:
         """Play one rollout per prompt; TRL's output dict, in prompt order."""
+        if getattr(trainer, "use_vllm", False):
+            raise ConfigError(
+                "GRPOConfig(use_vllm=True) makes TRL push weights to a vLLM it manages, but the "
+                "rollouts are sampled by the server NeMo Gym's model server points at (TRL's "
+                "vLLM server has no OpenAI API for it); set use_vllm=False and sync the "
+                "adapter there with LoraSyncCallback"
+            )
         _check_count(len(prompts), trainer)
         requests = self._requests(prompts)
         eos = _eos_token_id(trainer)
