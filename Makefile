@@ -11,7 +11,7 @@ EXTRAS ?= dev,serve,trl
 GYM_VENV := .venv-gym
 NEMO_GYM_SPEC ?= nemo-gym==0.7.0
 
-.PHONY: install gym-venv lint typecheck test test-fast fuzz bench demo docs clean
+.PHONY: install gym-venv axolotl-venv lint typecheck test test-fast fuzz bench demo docs clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,22 @@ $(GYM_VENV)/.installed:
 
 gym-venv: $(GYM_VENV)/.installed
 
+# axolotl in its own venv, as an axolotl user has it (its pins differ from .venv's trl and
+# transformers): CPU torch first, so pip keeps it, then axolotl and this repo (editable).
+# Reused when present; rebuilt when pyproject.toml changes.
+AXOLOTL_PYTHON ?= python3.11
+AXOLOTL_VENV := .venv-axolotl
+AXOLOTL_SPEC ?= axolotl==0.19.0
+$(AXOLOTL_VENV)/.installed: pyproject.toml
+	test -x $(AXOLOTL_VENV)/bin/python || $(AXOLOTL_PYTHON) -m venv $(AXOLOTL_VENV)
+	$(AXOLOTL_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(AXOLOTL_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(AXOLOTL_VENV)/bin/python -m pip install --quiet "$(AXOLOTL_SPEC)" "$(TORCH_SPEC)"
+	$(AXOLOTL_VENV)/bin/python -m pip install --quiet -e . "$(TORCH_SPEC)"
+	touch $@
+
+axolotl-venv: $(AXOLOTL_VENV)/.installed
+
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -48,7 +64,7 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy --strict nemogym_sdk
 
-test: lint typecheck gym-venv
+test: lint typecheck gym-venv axolotl-venv
 	$(PY) -m pytest -q --durations=15
 
 # Everything except the tests that start real NeMo Gym servers.

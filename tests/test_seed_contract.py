@@ -1,8 +1,7 @@
 """The seed contract: axolotl's 29 NeMo Gym integration cases, ported to nemogym_sdk.
 
 Each test keeps the seed's name (and its class) and asserts the same guarantee through
-our API. Cases whose subject arrives in a later issue are written now and marked
-``xfail(strict=True)`` naming that issue; they turn into passes there.
+our API. All 29 pass; none is marked ``xfail``.
 """
 
 from __future__ import annotations
@@ -16,10 +15,6 @@ import pytest
 
 from nemogym_sdk import TaskRow, load_rows, normalize_host, parse_agent_response, reward_env
 from nemogym_sdk.wire import build_run_body
-
-LATER_AXOLOTL = pytest.mark.xfail(
-    strict=True, reason="the axolotl adapter (NemoGymPlugin) is delivered by a later issue"
-)
 
 
 class TestParseAgentResponse:
@@ -350,7 +345,6 @@ class TestCallAgentsRouting:
 class TestPluginDefaults:
     """The axolotl plugin forces dataloader_num_workers to 0."""
 
-    @LATER_AXOLOTL
     def test_dataloader_num_workers_forced_to_zero(self) -> None:
         """A configured worker count is overridden to 0."""
         from nemogym_sdk.adapters.axolotl import NemoGymPlugin
@@ -359,7 +353,6 @@ class TestPluginDefaults:
         NemoGymPlugin().apply_config_defaults(cfg)
         assert cfg.dataloader_num_workers == 0
 
-    @LATER_AXOLOTL
     def test_dataloader_num_workers_none_stays_zero(self) -> None:
         """An unset worker count becomes 0."""
         from nemogym_sdk.adapters.axolotl import NemoGymPlugin

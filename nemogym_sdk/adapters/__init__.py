@@ -8,4 +8,7 @@ Each adapter imports its framework only when it is imported itself, and fails wi
 - `nemogym_sdk.adapters.trl`: TRL's ``GRPOTrainer`` with NeMo Gym: ``make_rollout_func``,
   ``nemo_gym_reward``, ``make_verify_reward``, ``LoraSyncCallback``
   (``pip install 'nemogym-sdk[trl]'``).
+- `nemogym_sdk.adapters.axolotl`: ``NemoGymPlugin`` for axolotl's YAML ``plugins:``, and the
+  reward functions ``nemo_gym_env_reward`` / ``nemo_gym_verify_reward``
+  (``pip install 'nemogym-sdk[axolotl]'``; the plugin class itself imports without axolotl).
 """

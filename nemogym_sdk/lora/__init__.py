@@ -9,7 +9,9 @@ The policy reaches the sampler as a LoRA adapter, by name:
 - ``LoraSync(url, name, directory)`` publishes version 0 before the first rollout
   (``initialize``) and a new version after every optimizer step (``sync``), confirms
   each through ``/v1/models`` and raises on any failure;
-- ``install_lora_sync(trainer, sync)`` routes a trainer's ``sync_weights`` there.
+- ``install_lora_sync(trainer, sync)`` routes a trainer's ``sync_weights`` there;
+- ``nemogym_sdk.lora.callback.LoraSyncCallback`` (imports transformers) does both for a
+  ``transformers.Trainer`` (TRL, axolotl): version 0 at ``on_train_begin``, one per step.
 
 This is the io layer: it imports requests; torch and peft are imported only inside the
 functions that save an adapter. See ``docs/lora-sync.md``.

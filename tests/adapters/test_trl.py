@@ -266,9 +266,10 @@ def test_verify_reward_scores_each_row_once_and_fails_as_none(tmp_path: Path) ->
 
 def test_lora_callback_touches_the_server_only_on_the_main_process() -> None:
     callback = LoraSyncCallback(None)
-    worker = SimpleNamespace(is_world_process_zero=False)
+    worker = SimpleNamespace(is_world_process_zero=False, global_step=1)
     callback.on_train_begin(None, worker, None, model=object())
     callback.on_step_end(None, worker, None, model=object())
     assert callback.records == []
     with pytest.raises(ConfigError, match="main process"):
-        callback.on_step_end(None, SimpleNamespace(is_world_process_zero=True), None, model=None)
+        main = SimpleNamespace(is_world_process_zero=True, global_step=1)
+        callback.on_step_end(None, main, None, model=None)

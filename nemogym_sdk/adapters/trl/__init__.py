@@ -25,7 +25,8 @@ What a TRL user adds::
   ``num_turns``, ``status``.
 - `nemo_gym_reward`: the environment's reward, ``None`` (TRL's "unscorable") for a failed
   rollout; `make_verify_reward`: ``/verify`` scores for single-turn training.
-- `LoraSyncCallback`: publishes the adapter to the sampler after each optimizer step.
+- `LoraSyncCallback` (from `nemogym_sdk.lora.callback`): publishes the adapter to the
+  sampler before training and after each optimizer step.
 
 Needs ``trl>=1.6,<2`` (checked on import): ``pip install 'nemogym-sdk[trl]'``.
 """
@@ -43,7 +44,6 @@ from nemogym_sdk.adapters.trl._compat import (
 
 import_trl()
 
-from nemogym_sdk.adapters.trl.callback import LoraSyncCallback  # noqa: E402
 from nemogym_sdk.adapters.trl.dataset import ROW_ID_KEY, make_dataset, prompt_row_id  # noqa: E402
 from nemogym_sdk.adapters.trl.rewards import (  # noqa: E402
     VerifyReward,
@@ -56,6 +56,7 @@ from nemogym_sdk.adapters.trl.rollout import (  # noqa: E402
     sampling_from_args,
     to_trl_output,
 )
+from nemogym_sdk.lora.callback import LoraSyncCallback  # noqa: E402
 
 __all__ = [
     "LoraSyncCallback",

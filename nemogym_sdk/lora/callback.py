@@ -1,20 +1,28 @@
-"""A ``TrainerCallback`` that publishes the LoRA adapter to the sampler after every step.
+"""A ``transformers`` ``TrainerCallback`` that publishes the LoRA adapter after every step.
 
-TRL syncs weights only to a vLLM it manages itself. With NeMo Gym the sampler is the
-server NeMo Gym's model server points at, so the adapter goes there, by name, through
+Trainers built on ``transformers.Trainer`` (TRL's ``GRPOTrainer``, axolotl's trainers) sync
+weights only to an inference engine they manage themselves. With NeMo Gym the sampler is
+the server NeMo Gym's model server points at, so the adapter goes there, by name, through
 ``LoraSync``: version 0 (the zero adapter, equal to the base model) before the first
 rollout, then one version per optimizer step, each confirmed in ``/v1/models``.
+
+Imports transformers: import this module, not ``nemogym_sdk.lora``, to get it.
 """
 
 from __future__ import annotations
 
+import json
+import time
+from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
 from nemogym_sdk.errors import ConfigError
-from nemogym_sdk.lora import LoraSync, SyncRecord, check_served_name
 from nemogym_sdk.lora.hooks import run_on_main
+from nemogym_sdk.lora.probe import LoraSyncError
+from nemogym_sdk.lora.served_name import check_served_name
+from nemogym_sdk.lora.sync import LoraSync, SyncRecord
 
 __all__ = ["LoraSyncCallback"]
 
@@ -22,7 +30,7 @@ __all__ = ["LoraSyncCallback"]
 class LoraSyncCallback(TrainerCallback):
     """Sync the trainer's LoRA adapter to the sampler, on the main process only.
 
-    Add it with ``trainer.add_callback(LoraSyncCallback(sync, deployment=stack))``.
+    Add it with ``trainer.add_callback(LoraSyncCallback(sync, deployment=directory))``.
 
     - ``on_train_begin``: checks that NeMo Gym's model servers request
       ``sync.adapter_name`` from ``sync.base_url`` (when ``deployment`` is given), then
@@ -40,6 +48,8 @@ class LoraSyncCallback(TrainerCallback):
         deployment: a ``ServerDirectory`` or ``GymStack`` whose model servers must request
             the adapter by name (see ``check_served_name``).
         require_zero: version 0 must be the zero adapter (see ``LoraSync.initialize``).
+        log_path: if set, each step's publish is a JSON line there (``step``, ``version``,
+            the ``served_version`` read back from ``/v1/models``, ``seconds``).
     """
 
     def __init__(
@@ -48,10 +58,12 @@ class LoraSyncCallback(TrainerCallback):
         *,
         deployment: object | None = None,
         require_zero: bool = True,
+        log_path: str | Path | None = None,
     ) -> None:
         self.sync = sync
         self.deployment = deployment
         self.require_zero = require_zero
+        self.log_path = Path(log_path) if log_path is not None else None
         self.records: list[SyncRecord] = []
         """Every publish this callback made, oldest first (main process only)."""
 
@@ -67,13 +79,33 @@ class LoraSyncCallback(TrainerCallback):
         if sync.version is None:
             self.records.append(sync.initialize(model, require_zero=self.require_zero))
 
-    def _publish(self, model: Any) -> None:
-        self.records.append(self._main_sync().sync(model))
+    def _publish(self, model: Any, step: int) -> None:
+        sync = self._main_sync()
+        began = time.perf_counter()
+        record = sync.sync(model)
+        self.records.append(record)
+        if self.log_path is None:
+            return
+        served = sync.served_version()
+        if served != record.version:
+            raise LoraSyncError(
+                f"published adapter version {record.version}, but the server serves {served}"
+            )
+        line = {
+            "step": step,
+            "version": record.version,
+            "served_version": served,
+            "adapter_name": record.adapter_name,
+            "seconds": round(time.perf_counter() - began, 3),
+        }
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("a") as handle:
+            handle.write(json.dumps(line) + "\n")
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         model = kwargs.get("model")
         run_on_main(lambda: self._begin(model), is_main=bool(state.is_world_process_zero))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        model = kwargs.get("model")
-        run_on_main(lambda: self._publish(model), is_main=bool(state.is_world_process_zero))
+        model, step = kwargs.get("model"), int(state.global_step)
+        run_on_main(lambda: self._publish(model, step), is_main=bool(state.is_world_process_zero))

@@ -1,0 +1,261 @@
+"""Agent-mode rollouts for axolotl's async GRPO trainer: a data producer built from the SDK.
+
+axolotl's async GRPO trainer (``trl.use_data_producer: true``) asks its data producer for
+each new batch: ``producer.produce(model, global_step, processing_class=, accelerator=,
+args=)`` returns a ``RolloutDataset`` whose ``_pending_policy_logps`` marker makes the
+trainer score it on the main thread (``_compute_deferred_scores``: rewards from the
+``_deferred_inputs`` rows, policy logprobs, advantages per group of ``num_generations``).
+
+``NemoGymDataProducer.produce`` does not generate. Per call it takes this rank's next rows
+(``GroupSchedule``, whole groups), plays each ``num_generations`` times through NeMo Gym's
+agents (``AgentClient``: concurrent, retried, cookie-isolated; unknown agents are errors),
+parses every ``/run`` result (``Rollout``, token-exact, with a status) and pads them
+(``collate``). The batch it returns:
+
+==============================  ============================================================
+``prompt_ids``/``prompt_mask``  ``[B, P]`` left-padded
+``completion_ids``/``_mask``    ``[B, T]`` right-padded; the mask comes from lengths
+``sampling_per_token_logps``    ``[B, T]`` the sampler's logprobs, 0.0 on environment tokens
+``tool_mask``                   ``[B, T]`` 1 on policy tokens, 0 on environment tokens; 0 on the
+                                whole row of a failed (or masked, or truncated with
+                                ``mask_truncated_completions``) rollout, so it adds no loss
+``num_items_in_batch``          tokens the loss touches (policy tokens of usable rollouts)
+``advantages``                  zeros (the trainer fills them in)
+``_pending_policy_logps``       True: the trainer scores the batch itself
+``_deferred_inputs``            one dict per rollout: the dataset record (row id, row JSON,
+                                prompt) plus ``env_reward``, ``nemo_gym_ok``,
+                                ``nemo_gym_group``, ``nemo_gym_status``, ``num_turns``
+==============================  ============================================================
+
+Rollouts come back in ``aabb`` order (the groups the trainer normalises over). Every rank
+rolls out its own rows; with ``async_prefetch`` the trainer wraps this producer in its
+``AsyncDataProducer``.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nemogym_sdk.adapters.axolotl._deps import require_axolotl
+from nemogym_sdk.adapters.axolotl.dataset import PROMPT, row_of
+from nemogym_sdk.adapters.axolotl.rewards import ENV_REWARD_COLUMN, GROUP_COLUMN, OK_COLUMN
+from nemogym_sdk.adapters.axolotl.schedule import GroupSchedule
+from nemogym_sdk.client import AgentClient
+from nemogym_sdk.collate import collate
+from nemogym_sdk.records import Rollout
+
+__all__ = ["STATUS_COLUMN", "NemoGymDataProducer"]
+
+logger = logging.getLogger(__name__)
+
+STATUS_COLUMN = "nemo_gym_status"
+"""Per rollout: its ``RolloutStatus`` value."""
+
+
+class NemoGymDataProducer:
+    """axolotl data producer that rolls out through NeMo Gym agents.
+
+    Args:
+        client: the agent client (the plugin builds it from the discovered deployment).
+        dataset: the training set the plugin's ``load_datasets`` built (records with
+            ``nemo_gym_row_id`` / ``nemo_gym_row``); indexable.
+        schedule: which rows this rank plays per call.
+        num_generations: rollouts per row (``trl.num_generations``).
+        config: the trainer's ``ProducerConfig`` (read by axolotl's ``AsyncDataProducer``).
+        eos_token_id: the tokenizer's eos (failed rollouts are one ``[eos]`` token).
+        pad_token_id: padding id of the tensors.
+        max_completion_length: completions longer than this are cut (and marked truncated).
+        mask_truncated_completions: leave truncated rollouts out of the loss.
+        log_path: a JSON line per call (statuses, rewards, turns, agents) on the main process.
+    """
+
+    def __init__(
+        self,
+        *,
+        client: AgentClient,
+        dataset: Any,
+        schedule: GroupSchedule,
+        num_generations: int,
+        config: Any,
+        eos_token_id: int,
+        pad_token_id: int,
+        max_completion_length: int | None = None,
+        mask_truncated_completions: bool = False,
+        log_path: str | Path | None = None,
+    ) -> None:
+        self.client = client
+        self.dataset = dataset
+        self.schedule = schedule
+        self.num_generations = num_generations
+        self.config = config
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
+        self.max_completion_length = max_completion_length
+        self.mask_truncated_completions = mask_truncated_completions
+        self.log_path = Path(log_path) if log_path is not None else None
+        self.calls = 0
+        """Produce calls so far."""
+
+    # --- the axolotl protocol ---------------------------------------------------------------
+
+    def produce(
+        self,
+        model: Any,
+        global_step: int,
+        *,
+        processing_class: Any = None,
+        accelerator: Any = None,
+        args: Any = None,
+        skip_policy_logps: bool = False,
+        _rank0_only: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """The next batch as axolotl's ``RolloutDataset`` (always deferred scoring).
+
+        ``skip_policy_logps`` changes nothing (the trainer computes policy logprobs on the
+        main thread either way). With ``_rank0_only`` (several processes, background
+        prefetch) ranks other than 0 return None and receive rank 0's batch by broadcast.
+        """
+        require_axolotl()
+        from axolotl.core.trainers.grpo.async_trainer import RolloutDataset
+
+        is_main = getattr(accelerator, "is_main_process", True)
+        if _rank0_only and not is_main:
+            return None
+        data = self.rollout_data(
+            global_step,
+            device=getattr(accelerator, "device", None),
+            decode=getattr(processing_class, "batch_decode", None),
+            accelerator=None if _rank0_only else accelerator,
+            log=bool(is_main),
+        )
+        data["_rank0_only"] = _rank0_only
+        return RolloutDataset(data)
+
+    def on_rollout_begin(self, global_step: int) -> None:
+        """axolotl lifecycle hook (nothing to do)."""
+
+    def on_rollout_end(self, dataset: Any, global_step: int) -> None:
+        """axolotl lifecycle hook (nothing to do)."""
+
+    # --- the batch --------------------------------------------------------------------------
+
+    def rollouts(self, global_step: int) -> tuple[list[dict[str, Any]], list[Rollout]]:
+        """Play this rank's next rows; (one input record per rollout, the rollouts), ``aabb``."""
+        indices = self.schedule.next_indices()
+        records = [dict(self.dataset[i]) for i in indices]
+        rows = [row_of(record) for record in records]
+        raws = self.client.run_raw_sync(rows, num_generations=self.num_generations)
+        rollouts = [
+            self.client.to_rollout(
+                raw, self.eos_token_id, max_completion_length=self.max_completion_length
+            )
+            for raw in raws
+        ]
+        inputs = []
+        for raw, rollout in zip(raws, rollouts, strict=True):
+            position = raw.index // self.num_generations
+            record = records[position]
+            inputs.append(
+                {
+                    **record,
+                    ENV_REWARD_COLUMN: float(rollout.reward),
+                    OK_COLUMN: self._usable(rollout),
+                    GROUP_COLUMN: f"{global_step}:{self.schedule.rank}:{position}",
+                    STATUS_COLUMN: rollout.status.value,
+                    "num_turns": int(rollout.num_turns),
+                }
+            )
+        return inputs, rollouts
+
+    def _usable(self, rollout: Rollout) -> bool:
+        return rollout.ok and not (self.mask_truncated_completions and rollout.truncated)
+
+    def rollout_data(
+        self,
+        global_step: int,
+        *,
+        device: Any = None,
+        decode: Any = None,
+        accelerator: Any = None,
+        log: bool = True,
+    ) -> dict[str, Any]:
+        """The deferred-scoring batch dict (see the module docstring for its keys)."""
+        began = time.perf_counter()
+        inputs, rollouts = self.rollouts(global_step)
+        batch = collate(rollouts, pad_token_id=self.pad_token_id, expand_forks=False)
+        tensors = batch.to_torch(device)
+        usable_B = torch.tensor([row[OK_COLUMN] for row in inputs], dtype=torch.long)
+        usable_B = usable_B.to(tensors["env_mask"].device)
+        tool_mask_BT = tensors["env_mask"] * usable_B[:, None]
+        trainable = (tensors["completion_mask"] * tool_mask_BT).sum()
+        if accelerator is not None and getattr(accelerator, "num_processes", 1) > 1:
+            trainable = accelerator.gather(trainable.reshape(1)).sum()
+        completion_lists = [r.completion_ids.tolist() for r in rollouts]
+        if decode is not None:
+            completions = list(decode(completion_lists, skip_special_tokens=True))
+        else:
+            completions = ["" for _ in rollouts]
+        data: dict[str, Any] = {
+            "prompt_ids": tensors["prompt_ids"],
+            "prompt_mask": tensors["prompt_mask"],
+            "completion_ids": tensors["completion_ids"],
+            "completion_mask": tensors["completion_mask"],
+            "sampling_per_token_logps": tensors["logprobs"],
+            "tool_mask": tool_mask_BT,
+            "num_items_in_batch": trainable.clamp(min=1),
+            "advantages": torch.zeros(len(rollouts), device=tensors["prompt_ids"].device),
+            "_pending_policy_logps": True,
+            "_deferred_inputs": inputs,
+            "_deferred_prompts": [row.get(PROMPT) for row in inputs],
+            "_deferred_completions": completions,
+            "_deferred_completion_ids_list": completion_lists,
+        }
+        self.calls += 1
+        if log:
+            self._log(global_step, inputs, rollouts, time.perf_counter() - began)
+        return data
+
+    def _log(
+        self,
+        global_step: int,
+        inputs: Sequence[Mapping[str, Any]],
+        rollouts: Sequence[Rollout],
+        seconds: float,
+    ) -> None:
+        ok = [r for r, row in zip(rollouts, inputs, strict=True) if row[OK_COLUMN]]
+        line = {
+            "step": global_step,
+            "rollouts": len(rollouts),
+            "rows": len({row["nemo_gym_row_id"] for row in inputs}),
+            "ok": len(ok),
+            "statuses": dict(collections.Counter(r.status.value for r in rollouts)),
+            "agents": dict(collections.Counter(str(r.agent_name) for r in rollouts)),
+            "reward_mean": sum(r.reward for r in ok) / len(ok) if ok else None,
+            "turns_mean": sum(r.num_turns for r in ok) / len(ok) if ok else None,
+            "policy_tokens": int(sum(int(r.env_mask.sum()) for r in ok)),
+            "seconds": round(seconds, 3),
+        }
+        errors = [r.error for r in rollouts if not r.ok and r.error]
+        if errors:
+            line["first_error"] = errors[0]
+            logger.warning(
+                "step %d: %d of %d rollouts failed (left out of the loss and the baselines); "
+                "first: %s",
+                global_step,
+                len(rollouts) - len(ok),
+                len(rollouts),
+                errors[0],
+            )
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.log_path.open("a") as handle:
+                handle.write(json.dumps(line) + "\n")
