@@ -13,10 +13,11 @@ import itertools
 import json
 import threading
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+import yaml
 from aiohttp import web
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -146,6 +147,39 @@ def resources_server(
             return web.Response(text=json.dumps(answer), content_type="application/json")
 
         return [web.post("/seed_session", seed), web.post("/verify", verify)]
+
+    with serve(routes) as server:
+        yield server
+
+
+@contextmanager
+def head_server(
+    config: Mapping[str, Any], instances: list[dict[str, Any]], *, ready: bool = True
+) -> Iterator[FakeServer]:
+    """NeMo Gym's head server for ``config``: ``/global_config_dict_yaml`` (YAML inside a
+    JSON string), ``/server_instances`` and ``/readyz`` (503 while not ``ready``)."""
+
+    def routes(server: FakeServer) -> list[web.RouteDef]:
+        async def global_config(request: web.Request) -> web.Response:
+            server.record(request, None)
+            return web.Response(
+                text=json.dumps(yaml.safe_dump(dict(config))), content_type="application/json"
+            )
+
+        async def server_instances(request: web.Request) -> web.Response:
+            server.record(request, None)
+            return web.json_response(instances)
+
+        async def readyz(request: web.Request) -> web.Response:
+            return web.json_response(
+                {"status": "ok" if ready else "starting"}, status=200 if ready else 503
+            )
+
+        return [
+            web.get("/global_config_dict_yaml", global_config),
+            web.get("/server_instances", server_instances),
+            web.get("/readyz", readyz),
+        ]
 
     with serve(routes) as server:
         yield server

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
-import yaml
-from aiohttp import web
 
 from nemogym_sdk import (
     ConfigError,
@@ -18,7 +13,8 @@ from nemogym_sdk import (
     ServerDirectory,
     UnknownAgentError,
 )
-from tests.fakes import FakeServer, agent_server, serve
+from tests import fakes
+from tests.fakes import agent_server
 
 CONFIG = {
     "policy_base_url": "http://127.0.0.1:8000/v1",
@@ -68,32 +64,9 @@ def _instances(host: str) -> list[dict[str, Any]]:
     return rows
 
 
-@contextmanager
-def head_server(host: str = "127.0.0.1", ready: bool = True) -> Iterator[FakeServer]:
-    """A head server answering like NeMo Gym's: YAML inside a JSON string."""
-
-    def routes(server: FakeServer) -> list[web.RouteDef]:
-        async def config(request: web.Request) -> web.Response:
-            return web.Response(
-                text=json.dumps(yaml.safe_dump(CONFIG)), content_type="application/json"
-            )
-
-        async def instances(request: web.Request) -> web.Response:
-            return web.json_response(_instances(host))
-
-        async def readyz(request: web.Request) -> web.Response:
-            return web.json_response(
-                {"status": "ok" if ready else "starting"}, status=200 if ready else 503
-            )
-
-        return [
-            web.get("/global_config_dict_yaml", config),
-            web.get("/server_instances", instances),
-            web.get("/readyz", readyz),
-        ]
-
-    with serve(routes) as server:
-        yield server
+def head_server(host: str = "127.0.0.1", ready: bool = True) -> Any:
+    """A head server for ``CONFIG``, answering like NeMo Gym's."""
+    return fakes.head_server(CONFIG, _instances(host), ready=ready)
 
 
 def test_discovers_servers_by_instance_name() -> None:

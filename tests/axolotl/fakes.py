@@ -9,15 +9,14 @@ request it gets, whatever the path.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
-import yaml
 from aiohttp import web
 
+from tests import fakes
 from tests.fakes import FakeServer, serve
 
 
@@ -70,27 +69,7 @@ def head_server(
                 {"process_name": name, "server_type": kind, "host": host, "port": port}
             )
 
-    def routes(server: FakeServer) -> list[web.RouteDef]:
-        async def global_config(request: web.Request) -> web.Response:
-            server.paths[request.path] += 1
-            return web.Response(
-                text=json.dumps(yaml.safe_dump(config)), content_type="application/json"
-            )
-
-        async def server_instances(request: web.Request) -> web.Response:
-            server.paths[request.path] += 1
-            return web.json_response(instances)
-
-        async def readyz(request: web.Request) -> web.Response:
-            return web.json_response({"status": "ok"})
-
-        return [
-            web.get("/global_config_dict_yaml", global_config),
-            web.get("/server_instances", server_instances),
-            web.get("/readyz", readyz),
-        ]
-
-    with serve(routes) as server:
+    with fakes.head_server(config, instances) as server:
         yield server
 
 
