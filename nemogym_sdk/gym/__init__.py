@@ -40,6 +40,14 @@ from nemogym_sdk.gym.locate import (
 )
 from nemogym_sdk.gym.specs import EnvironmentSetup, PolicyModel, ServerSpec, StackConfig
 from nemogym_sdk.gym.stack import HEAD_SERVER_NAME, GymStack
+from nemogym_sdk.gym.vllm import (
+    VLLM_VENV_ENV_VAR,
+    VllmVenv,
+    VllmVenvNotFoundError,
+    default_vllm_venv_path,
+    find_vllm_venv,
+    start_vllm,
+)
 
 __all__ = [
     "BackendProcess",
@@ -59,11 +67,17 @@ __all__ = [
     "ServerSpec",
     "ServerStartError",
     "StackConfig",
+    "VLLM_VENV_ENV_VAR",
+    "VllmVenv",
+    "VllmVenvNotFoundError",
     "build_stack_config",
     "default_gym_venv_path",
+    "default_vllm_venv_path",
     "describe_environment",
     "find_gym_venv",
+    "find_vllm_venv",
     "free_loopback_ports",
     "locate_environment",
     "start_serve",
+    "start_vllm",
 ]

@@ -1,0 +1,153 @@
+"""start_vllm: real vLLM on a loopback port; token ids and logprobs; stopped by its group."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+import requests
+
+from nemogym_sdk.errors import ConfigError
+from nemogym_sdk.gym import (
+    VLLM_VENV_ENV_VAR,
+    BackendProcess,
+    VllmVenv,
+    VllmVenvNotFoundError,
+    find_vllm_venv,
+    start_vllm,
+)
+from nemogym_sdk.gym.process import group_alive
+
+from .conftest import MODEL_SEED, SERVED_NAME, group_pids, pid_alive
+
+PROMPT = [257, 117, 115, 101, 114, 10, 104, 105, 258, 10, 257, 97, 10]
+"""``<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>a\\n`` as byte-tokenizer ids."""
+
+
+# --- finding the venv (no server) ----------------------------------------------------------
+
+
+def test_find_vllm_venv_explains_what_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A missing directory, a non-venv and a venv without vllm each raise a ConfigError that
+    names the fix; $NEMOGYM_VLLM_VENV is where the lookup goes when set."""
+    with pytest.raises(VllmVenvNotFoundError, match="make vllm-venv") as missing:
+        find_vllm_venv(tmp_path / "absent")
+    assert isinstance(missing.value, ConfigError)
+    with pytest.raises(VllmVenvNotFoundError, match="no bin/python"):
+        find_vllm_venv(tmp_path)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python").touch()
+    with pytest.raises(VllmVenvNotFoundError, match="vllm is not installed"):
+        find_vllm_venv(tmp_path)
+    package = tmp_path / "lib" / "python3.11" / "site-packages" / "vllm"
+    package.mkdir(parents=True)
+    (package / "__init__.py").touch()
+    monkeypatch.setenv(VLLM_VENV_ENV_VAR, str(tmp_path))
+    assert find_vllm_venv() == VllmVenv(root=tmp_path, python=tmp_path / "bin" / "python")
+
+
+def test_start_vllm_without_a_venv_or_model_starts_nothing(tmp_path: Path) -> None:
+    """No venv: VllmVenvNotFoundError; a model path that is not a directory: ConfigError."""
+    with pytest.raises(VllmVenvNotFoundError):
+        start_vllm(tmp_path, venv=tmp_path / "absent")
+    fake = VllmVenv(root=tmp_path, python=tmp_path / "bin" / "python")
+    with pytest.raises(ConfigError, match="model directory not found"):
+        start_vllm(tmp_path / "no-model", venv=fake)
+
+
+# --- the shared server ----------------------------------------------------------------------
+
+
+@pytest.mark.gym
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_models_lists_the_served_name(vllm_backend: BackendProcess) -> None:
+    """/v1/models answers on base_url with the base model under its served name."""
+    assert vllm_backend.base_url.startswith("http://127.0.0.1:")
+    assert vllm_backend.base_url.endswith("/v1")
+    cards = requests.get(f"{vllm_backend.base_url}/models", timeout=10).json()["data"]
+    base = [card for card in cards if card["parent"] is None]
+    assert [card["id"] for card in base] == [SERVED_NAME]
+    assert vllm_backend.policy_model().model == SERVED_NAME
+
+
+@pytest.mark.gym
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_completions_return_token_ids_and_logprobs_that_match_transformers(
+    vllm_backend: BackendProcess,
+) -> None:
+    """A token-id prompt on /v1/completions: the prompt ids come back, and the completion's
+    ids, its per-token logprobs and the prompt's logprobs all agree with transformers
+    running the same weights (fp32, within 1e-4)."""
+    response = requests.post(
+        f"{vllm_backend.base_url}/completions",
+        json={
+            "model": SERVED_NAME,
+            "prompt": PROMPT,
+            "max_tokens": 8,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "logprobs": 1,
+            "prompt_logprobs": 0,
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+        },
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert choice["prompt_token_ids"] == PROMPT
+    completion = choice["token_ids"]
+    assert len(completion) == 8 and all(0 <= t < 260 for t in completion)
+    logprobs = choice["logprobs"]
+    assert logprobs["tokens"] == [f"token_id:{t}" for t in completion]
+    sampled = logprobs["token_logprobs"]
+    assert len(sampled) == 8 and all(math.isfinite(x) and x <= 0.0 for x in sampled)
+    prompt_lps = [
+        entry[str(t)]["logprob"]
+        for entry, t in zip(choice["prompt_logprobs"][1:], PROMPT[1:], strict=True)
+    ]
+
+    import torch
+
+    from nemogym_sdk.serve.tiny import build_tiny_model
+
+    model = build_tiny_model(MODEL_SEED)
+    with torch.inference_mode():
+        logits_TV = model(input_ids=torch.tensor([PROMPT + completion])).logits[0]
+    logprobs_TV = torch.log_softmax(logits_TV.double(), dim=-1)
+    sequence = PROMPT + completion
+    expected = [float(logprobs_TV[i - 1, sequence[i]]) for i in range(1, len(sequence))]
+    greedy = [int(logprobs_TV[len(PROMPT) - 1 + i].argmax()) for i in range(8)]
+    assert completion == greedy
+    got = prompt_lps + sampled
+    assert max(abs(a - b) for a, b in zip(got, expected, strict=True)) < 1e-4
+
+
+# --- start and stop: a server of its own -----------------------------------------------------
+
+
+@pytest.mark.gym
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_start_then_stop_leaves_no_process_of_its_group(
+    vllm_venv: VllmVenv, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """vLLM runs as several processes (API server, EngineCore, Worker, resource tracker) in
+    one process group; the served name defaults to the model path; stop() leaves none of
+    the group's processes behind, as ps shows."""
+    log = tmp_path / "vllm.log"
+    with start_vllm(tiny_model_dir, venv=vllm_venv, log_path=log) as backend:
+        cards = requests.get(f"{backend.base_url}/models", timeout=10).json()["data"]
+        assert [card["id"] for card in cards] == [str(tiny_model_dir.resolve())]
+        pids = group_pids(backend.pid)
+        assert backend.pid in pids and len(pids) >= 3, pids
+        assert all(os.getpgid(pid) == backend.pid for pid in pids)
+    assert [pid for pid in pids if pid_alive(pid)] == []
+    assert group_pids(backend.pid) == [] and not group_alive(backend.pid)
+    assert "--enable-lora" in log.read_text()
