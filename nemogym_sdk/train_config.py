@@ -1,0 +1,157 @@
+"""The reference trainer's configuration: one record, read from a YAML file and flags.
+
+``python -m nemogym_sdk.train --config run.yaml --steps 50`` reads ``run.yaml`` (keys are
+the field names below) and then applies the flags (``--rows-per-step 8`` sets
+``rows_per_step``); every problem is a ``ConfigError`` that says what is wrong and how to
+fix it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import yaml
+
+from nemogym_sdk.errors import ConfigError
+
+__all__ = ["BACKENDS", "LOSSES", "TrainConfig", "parse_config"]
+
+BACKENDS = ("transformers", "vllm")
+LOSSES = ("grpo", "dapo", "dr_grpo", "gspo")
+
+
+@attrs.frozen(kw_only=True)
+class TrainConfig:
+    """Everything a run of ``nemogym-train`` depends on."""
+
+    model: str = "tiny"
+    """``tiny`` (the SDK's built-in tiny Llama, built in process) or a local Hugging Face
+    model directory."""
+    backend: str = "transformers"
+    """Who samples: ``transformers`` (``nemogym_sdk.serve``) or ``vllm`` (real vLLM; CPU
+    needs ``make vllm-venv``)."""
+    backend_url: str | None = None
+    """Attach to a running sampler at this URL instead of starting one (it must serve the
+    same weights and runtime LoRA routes)."""
+    adapter_name: str = "policy"
+    """The name the LoRA adapter is served under; NeMo Gym's model server must request it."""
+    environments: tuple[str, ...] = ("target_chars",)
+    """Environments to start by name (the SDK's toy ``target_chars`` or NeMo Gym's)."""
+    head_url: str | None = None
+    """Attach to a running NeMo Gym deployment through its head server instead."""
+    train_file: str | None = None
+    """NeMo Gym JSONL rows; default: the first environment's training data."""
+    steps: int = 20
+    rows_per_step: int = 4
+    """Groups per step (across all processes)."""
+    num_generations: int = 8
+    """Rollouts per group."""
+    lr: float = 2e-2
+    lora_rank: int = 8
+    temperature: float = 1.0
+    loss: str = "dapo"
+    micro_batch_size: int = 16
+    max_model_len: int = 2048
+    """The sampler's context window; a prompt plus its completion must fit."""
+    max_completion_length: int | None = None
+    """Cut every episode's completion to this many tokens (default: no cut)."""
+    prefetch: bool = False
+    """Play step k+1's rollouts while step k trains (one adapter version stale; the loss's
+    importance-sampling correction accounts for it)."""
+    checkpoint_every: int = 10
+    """Save the adapter and optimizer every this many steps (and at the end)."""
+    resume: bool = False
+    """Continue from the newest checkpoint in ``out``."""
+    seed: int = 0
+    out: str = "runs/nemogym-train"
+    """Where metrics, checkpoints, the reward curve and the server logs go."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.loss not in LOSSES:
+            raise ConfigError(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
+        positive = ("steps", "rows_per_step", "num_generations", "lora_rank", "micro_batch_size")
+        for name in (*positive, "max_model_len", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.lora_rank > 512:
+            raise ConfigError(f"lora_rank must be <= 512 (vLLM's largest), got {self.lora_rank}")
+        if self.num_generations < 2:
+            raise ConfigError("num_generations must be >= 2: GRPO compares rollouts of one row")
+        if self.lr <= 0 or self.temperature <= 0:
+            raise ConfigError("lr and temperature must be > 0")
+        if not self.environments and self.head_url is None:
+            raise ConfigError("name at least one environment, or attach with head_url")
+        if self.model != "tiny" and not (Path(self.model) / "config.json").is_file():
+            raise ConfigError(
+                f"model {self.model!r} is neither 'tiny' nor a local Hugging Face model "
+                "directory (no config.json there); models are not downloaded"
+            )
+
+
+def _field_type(field: attrs.Attribute[Any]) -> Any:
+    hints = typing.get_type_hints(TrainConfig)
+    kind = hints[field.name]
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    if typing.get_origin(kind) in (typing.Union, types.UnionType) and len(args) == 1:
+        return args[0]
+    return kind
+
+
+def _coerce(name: str, value: Any, kind: Any) -> Any:
+    if value is None:
+        return None
+    if typing.get_origin(kind) is tuple:
+        items = value.split(",") if isinstance(value, str) else value
+        return tuple(str(item).strip() for item in items if str(item).strip())
+    if kind is bool and isinstance(value, str):
+        if value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if value.lower() in ("0", "false", "no", "off"):
+            return False
+    try:
+        return kind(value) if kind in (int, float, str, bool) else value
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: expected {kind.__name__}, got {value!r}") from None
+
+
+def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
+    """The config from ``--config FILE`` (YAML), then the flags on top."""
+    fields = {f.name: f for f in attrs.fields(TrainConfig)}
+    parser = argparse.ArgumentParser(
+        prog="nemogym-train", description="GRPO on NeMo Gym environments, from SDK parts."
+    )
+    parser.add_argument("--config", type=Path, help="YAML file; its keys are the flags' names")
+    for name, field in fields.items():
+        flag = "--" + name.replace("_", "-")
+        if _field_type(field) is bool:
+            parser.add_argument(
+                flag, dest=name, default=None, action=argparse.BooleanOptionalAction
+            )
+        else:
+            parser.add_argument(flag, dest=name, default=None, help=f"default: {field.default}")
+    args = parser.parse_args(argv)
+    values: dict[str, Any] = {}
+    if args.config is not None:
+        if not args.config.is_file():
+            raise ConfigError(f"config file {args.config} does not exist")
+        loaded = yaml.safe_load(args.config.read_text()) or {}
+        if not isinstance(loaded, Mapping):
+            raise ConfigError(f"{args.config} must hold a mapping of settings")
+        unknown = sorted(set(loaded) - set(fields))
+        if unknown:
+            raise ConfigError(
+                f"{args.config}: unknown setting(s) {', '.join(unknown)}; known: "
+                f"{', '.join(fields)}"
+            )
+        values.update(loaded)
+    values.update({k: v for k, v in vars(args).items() if k in fields and v is not None})
+    typed = {k: _coerce(k, v, _field_type(fields[k])) for k, v in values.items()}
+    return TrainConfig(**typed)

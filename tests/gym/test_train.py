@@ -1,0 +1,109 @@
+"""nemogym-train (``python -m nemogym_sdk.train``) end to end through real NeMo Gym, as a user
+runs it: the transformers backend here; the vLLM backend's run is in ``tests/vllm``.
+
+The logprob-mismatch bound is the one ``tests/gym/test_training.py`` justifies (same fp32
+weights and processed distribution on both sides; only the summation order differs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.gym, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+MISMATCH_MAX = 1e-4
+
+
+def train(out: Path, *flags: str, expect: int = 0) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "nemogym_sdk.train", "--out", str(out), *flags]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == expect, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def metrics(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_trainer_runs_checkpoints_and_resumes(gym_venv: object, tmp_path: Path) -> None:
+    """4 steps, then --resume to 6: every step's rollouts are OK and 3 turns long, the adapter
+    version advances by one per step, sampler and learner agree to < 1e-4, checkpoints land
+    every 2 steps, and the resumed run appends steps 4 and 5 to the same metrics and curve."""
+    out = tmp_path / "run"
+    done = train(out, "--steps", "4", "--rows-per-step", "2", "--checkpoint-every", "2")
+    assert "metrics" in done.stdout and "reward_curve.png" in done.stdout
+    steps = metrics(out)
+    assert [s["step"] for s in steps] == [0, 1, 2, 3]
+    for step in steps:
+        assert step["adapter_version"] == step["step"] + 1
+        assert step["failures"] == {} and step["rollouts"] == 16 and step["turns_mean"] == 3.0
+        assert step["mismatch_max"] < MISMATCH_MAX, step
+        assert step["policy_tokens"] > 0 and step["env_tokens"] > 0
+        assert min(step[k] for k in ("rollout_s", "learner_s", "sync_s")) > 0
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
+        "step_000002",
+        "step_000004",
+    ]
+    assert (out / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    train(out, "--steps", "6", "--rows-per-step", "2", "--checkpoint-every", "2", "--resume")
+    resumed = metrics(out)
+    assert [s["step"] for s in resumed] == [0, 1, 2, 3, 4, 5]
+    # a new process publishes the loaded adapter as its version 0, then one per step
+    assert [s["adapter_version"] for s in resumed[4:]] == [1, 2]
+    assert all(s["mismatch_max"] < MISMATCH_MAX for s in resumed[4:])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["curve"] == [s["reward_mean"] for s in resumed]
+    assert summary["checkpoint"].endswith("step_000006")
+
+
+def test_prefetch_plays_the_next_step_during_training(gym_venv: object, tmp_path: Path) -> None:
+    """With --prefetch the next step's rollouts sample the adapter one version behind; the run
+    completes and the mismatch it reports is the policy's one-step change (no longer ~1e-5)."""
+    out = tmp_path / "run"
+    train(out, "--steps", "3", "--rows-per-step", "2", "--prefetch")
+    steps = metrics(out)
+    assert [s["adapter_version"] for s in steps] == [1, 2, 3]
+    assert all(s["failures"] == {} for s in steps)
+    assert steps[0]["mismatch_max"] < MISMATCH_MAX  # step 0 was sampled by version 0 itself
+    assert steps[2]["mismatch_max"] > MISMATCH_MAX  # step 2's rollouts came from version 1
+
+
+def test_two_ranks_share_the_groups_and_rank_0_syncs(gym_venv: object, tmp_path: Path) -> None:
+    """torchrun with 2 processes: each plays one of the 2 groups, the metrics count both
+    ranks' 16 rollouts, and the one adapter rank 0 publishes advances every step."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
+    argv += ["--master_port", str(port), "-m", "nemogym_sdk.train", "--out", str(out)]
+    argv += ["--steps", "2", "--rows-per-step", "2"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    steps = metrics(out)
+    assert [(s["rollouts"], s["adapter_version"]) for s in steps] == [(16, 1), (16, 2)]
+    assert all(s["mismatch_max"] < MISMATCH_MAX and s["failures"] == {} for s in steps)
+
+
+def test_config_errors_say_how_to_fix_them(gym_venv: object, tmp_path: Path) -> None:
+    """Unknown environment, unreachable backend, a context too small: exit 2 with the fix."""
+    out = tmp_path / "run"
+    done = train(out, "--environments", "no_such_env", expect=2)
+    assert "unknown NeMo Gym environment 'no_such_env'" in done.stderr
+    done = train(out, "--backend-url", "http://127.0.0.1:9", expect=2)
+    assert "not reachable" in done.stderr and "start the sampler" in done.stderr
+    done = train(out, "--max-model-len", "40", expect=2)
+    assert "exceeds max_model_len=40" in done.stderr and "raise max_model_len" in done.stderr
