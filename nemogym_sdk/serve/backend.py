@@ -17,17 +17,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import attrs
-
 from nemogym_sdk.serve._deps import require_serve_deps
 
 require_serve_deps()
 
 import torch  # noqa: E402
-from jinja2 import TemplateError  # noqa: E402
 
-from nemogym_sdk.serve.chat import build_prompt_ids  # noqa: E402
 from nemogym_sdk.serve.errors import BadRequestError, NotFoundError  # noqa: E402
+from nemogym_sdk.serve.interface import Generation  # noqa: E402
 from nemogym_sdk.serve.protocol import SamplingParams, TokenLogprob  # noqa: E402
 from nemogym_sdk.serve.sampling import (  # noqa: E402
     MASKED_LOGPROB,
@@ -35,29 +32,11 @@ from nemogym_sdk.serve.sampling import (  # noqa: E402
     is_greedy,
     process_logits,
 )
+from nemogym_sdk.serve.template import ChatTemplate, eos_ids_of  # noqa: E402
 
 __all__ = ["CausalLMBackend", "Generation"]
 
 logger = logging.getLogger(__name__)
-
-
-@attrs.frozen(kw_only=True)
-class Generation:
-    """What one model call produced."""
-
-    tokens: tuple[TokenLogprob, ...]
-    """Generated tokens with their logprobs, EOS included when the model stopped on it."""
-    finish_reason: str
-    """``"stop"`` or ``"length"``."""
-    stop_reason: str | int | None = None
-    """The stop string or stop token id that ended generation (``None`` for EOS or length)."""
-    text_end: int | None = None
-    """Cut the decoded text here (a stop string begins there); ``None`` = keep all."""
-
-    @property
-    def token_ids(self) -> list[int]:
-        """The generated token ids."""
-        return [t.token_id for t in self.tokens]
 
 
 class CausalLMBackend:
@@ -67,8 +46,13 @@ class CausalLMBackend:
         self, model: Any, tokenizer: Any, *, name_or_path: str, max_model_len: int | None = None
     ) -> None:
         """Wrap a loaded ``transformers`` model (eval mode) and fast tokenizer."""
-        if getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError(f"The tokenizer of {name_or_path} has no chat template.")
+        generation_config = getattr(model, "generation_config", None)
+        self.template = ChatTemplate(
+            tokenizer,
+            eos_token_ids=eos_ids_of(tokenizer, getattr(generation_config, "eos_token_id", None)),
+            name=name_or_path,
+        )
+        """The tokenizer and chat template: rendering, tokenizing, the prefix splice."""
         self.model: Any = model.eval()
         self.tokenizer: Any = tokenizer
         self.name_or_path = name_or_path
@@ -77,19 +61,9 @@ class CausalLMBackend:
         self.max_model_len: int = int(
             max_model_len or getattr(config, "max_position_embeddings", None) or 2048
         )
-        eos: set[int] = set()
-        generation_config = getattr(model, "generation_config", None)
-        for source in (tokenizer.eos_token_id, getattr(generation_config, "eos_token_id", None)):
-            if isinstance(source, int):
-                eos.add(source)
-            elif isinstance(source, list):
-                eos.update(t for t in source if isinstance(t, int))
-        if not eos:
-            raise ValueError(f"{name_or_path} defines no EOS token id.")
-        self.eos_token_ids: frozenset[int] = frozenset(eos)
+        self.eos_token_ids: frozenset[int] = self.template.eos_token_ids
         """Every token id that ends a generation."""
-        primary = tokenizer.eos_token_id
-        self.eos_token_id: int = primary if isinstance(primary, int) else min(eos)
+        self.eos_token_id: int = self.template.eos_token_id
         """The EOS a scripted turn ends with (the tokenizer's own)."""
         self._peft: Any = None
         self._adapter_paths: dict[str, str] = {}
@@ -123,15 +97,15 @@ class CausalLMBackend:
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         """Tokenize plain text."""
-        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        return self.template.encode(text, add_special_tokens=add_special_tokens)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Detokenize, skipping special tokens (as vLLM does for ``content``)."""
-        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
+        return self.template.decode(token_ids)
 
     def token_text(self, token_id: int) -> str:
         """Return one token decoded on its own (special tokens spelled out)."""
-        return str(self.tokenizer.decode([token_id], skip_special_tokens=False))
+        return self.template.token_text(token_id)
 
     def render(
         self,
@@ -143,18 +117,13 @@ class CausalLMBackend:
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """Render ``messages`` through the chat template and tokenize (no splice)."""
-        try:
-            text = self.tokenizer.apply_chat_template(
-                [dict(m) for m in messages],
-                tools=[dict(t) for t in tools] if tools else None,
-                tokenize=False,
-                add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message,
-                **dict(chat_template_kwargs or {}),
-            )
-        except (TemplateError, ValueError, TypeError, KeyError) as error:
-            raise BadRequestError(f"Chat template error: {error}") from error
-        return self.encode(str(text))
+        return self.template.render(
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            chat_template_kwargs=chat_template_kwargs,
+        )
 
     def prompt_ids(
         self,
@@ -166,28 +135,12 @@ class CausalLMBackend:
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """Return the prompt for ``messages`` with the on-policy prefix splice applied."""
-
-        def render(
-            msgs: Sequence[Mapping[str, Any]],
-            /,
-            *,
-            add_generation_prompt: bool,
-            continue_final_message: bool,
-        ) -> list[int]:
-            return self.render(
-                msgs,
-                tools=tools,
-                add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message,
-                chat_template_kwargs=chat_template_kwargs,
-            )
-
-        return build_prompt_ids(
+        return self.template.prompt_ids(
             messages,
-            render,
-            self.eos_token_ids,
+            tools=tools,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
+            chat_template_kwargs=chat_template_kwargs,
         )
 
     def check_prompt(self, prompt_ids: Sequence[int], max_tokens: int | None) -> int:

@@ -14,6 +14,10 @@ Modes:
 
 Logprobs follow ``logprobs_mode`` like vLLM's ``--logprobs-mode``: ``raw_logprobs`` (default) or
 ``processed_logprobs`` (after temperature, top-k and top-p; see `nemogym_sdk.serve.sampling`).
+
+Backends: `CausalLMBackend` (transformers, in process; both modes; `chat`, called on the HTTP
+layer's worker thread) or `VllmBackend` (a vLLM server; ``sample`` mode only; `chat_async`,
+concurrent). Prompts are rendered and spliced here with the backend's tokenizer either way.
 """
 
 from __future__ import annotations
@@ -21,11 +25,11 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from nemogym_sdk.serve.backend import CausalLMBackend, Generation
 from nemogym_sdk.serve.chat import count_assistant_turns
-from nemogym_sdk.serve.errors import BadRequestError, NotFoundError
+from nemogym_sdk.serve.errors import BadRequestError, NotFoundError, ServeError
+from nemogym_sdk.serve.interface import LOGPROBS_MODES, Generation, LogprobsMode, ModelBackend
 from nemogym_sdk.serve.protocol import (
     ChatRequest,
     FinishReason,
@@ -33,7 +37,7 @@ from nemogym_sdk.serve.protocol import (
     chat_completion_body,
     model_card,
 )
-from nemogym_sdk.serve.sampling import LOGPROBS_MODES, LogprobsMode
+from nemogym_sdk.serve.record import SamplingRecorder
 from nemogym_sdk.serve.tools import (
     ToolCall,
     example_arguments,
@@ -41,6 +45,10 @@ from nemogym_sdk.serve.tools import (
     parse_tool_calls,
     tool_function,
 )
+from nemogym_sdk.serve.vllm_backend import VllmBackend
+
+if TYPE_CHECKING:
+    from nemogym_sdk.serve.backend import CausalLMBackend
 
 __all__ = ["DEFAULT_SCRIPTED_ANSWER", "Mode", "ServeEngine"]
 
@@ -51,11 +59,11 @@ DEFAULT_SCRIPTED_ANSWER = "I have everything I need. Done."
 
 
 class ServeEngine:
-    """Serve one `CausalLMBackend` under a model name, plus its LoRA adapters by their names."""
+    """Serve one backend under a model name, plus its LoRA adapters by their names."""
 
     def __init__(
         self,
-        backend: CausalLMBackend,
+        backend: CausalLMBackend | VllmBackend,
         *,
         served_model_name: str | None = None,
         mode: Mode = "scripted",
@@ -63,8 +71,12 @@ class ServeEngine:
         scripted_answer: str = DEFAULT_SCRIPTED_ANSWER,
         seed: int = 0,
         logprobs_mode: LogprobsMode = "raw_logprobs",
+        recorder: SamplingRecorder | None = None,
     ) -> None:
-        """Configure the engine; ``seed`` seeds the draws for requests that send no ``seed``."""
+        """Configure the engine; ``seed`` seeds the draws for requests that send no ``seed``.
+
+        ``recorder`` writes one JSON line per generation: the sampling parameters it used.
+        """
         if mode not in ("scripted", "sample"):
             raise ValueError(f"mode must be 'scripted' or 'sample', got {mode!r}")
         if logprobs_mode not in LOGPROBS_MODES:
@@ -73,8 +85,17 @@ class ServeEngine:
             )
         if scripted_tool_turns < 0:
             raise ValueError("scripted_tool_turns must be >= 0")
-        self.backend = backend
-        self.served_model_name = served_model_name or backend.name_or_path
+        self.proxy: VllmBackend | None = backend if isinstance(backend, VllmBackend) else None
+        """The vLLM backend, or ``None`` for the transformers one."""
+        if self.proxy is not None and mode != "sample":
+            raise ValueError("the vLLM backend serves mode='sample' only (scripted needs torch)")
+        self.backend: ModelBackend = backend
+        self._local = None if isinstance(backend, VllmBackend) else backend
+        self.recorder = recorder
+        self.served_model_name: str = served_model_name or (
+            backend.vllm_model_name if isinstance(backend, VllmBackend) else backend.name_or_path
+        )
+        """The base model's name; with vLLM and none given, vLLM's own (known once started)."""
         self.mode: Mode = mode
         self.logprobs_mode: LogprobsMode = logprobs_mode
         self.scripted_tool_turns = scripted_tool_turns
@@ -87,7 +108,7 @@ class ServeEngine:
         """Return the adapter to use for ``model`` (``None`` = base); 404 if unknown."""
         if model is None or model == self.served_model_name:
             return None
-        if model in self.backend.adapters:
+        if model in self.local.adapters:
             return model
         raise NotFoundError(f"The model `{model}` does not exist.", param="model")
 
@@ -101,7 +122,7 @@ class ServeEngine:
                 max_model_len=self.backend.max_model_len,
             )
         ]
-        for name, path in self.backend.adapters.items():
+        for name, path in self.local.adapters.items():
             cards.append(
                 model_card(name, root=path, parent=self.served_model_name, max_model_len=None)
             )
@@ -109,29 +130,78 @@ class ServeEngine:
 
     # ----------------------------------------------------------------- chat
 
-    def chat(self, body: Any) -> dict[str, Any]:
-        """Answer a ``POST /v1/chat/completions`` body."""
-        request = ChatRequest.from_json(body)
-        adapter = self.resolve_model(request.model)
-        prompt_ids = self.backend.prompt_ids(
+    @property
+    def local(self) -> CausalLMBackend:
+        """The transformers backend; `ServeError` (501) when this engine proxies vLLM."""
+        if self._local is None:
+            raise _NotLocalError("This route is answered by the vLLM server, not the engine.")
+        return self._local
+
+    def _prompt(self, request: ChatRequest) -> list[int]:
+        return self.backend.prompt_ids(
             request.messages,
             tools=request.tools,
             add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message,
             chat_template_kwargs=request.chat_template_kwargs,
         )
+
+    def _seed(self, request: ChatRequest) -> int:
+        seed = request.sampling.seed
+        return self._rng.getrandbits(63) if seed is None else seed
+
+    def chat(self, body: Any) -> dict[str, Any]:
+        """Answer a ``POST /v1/chat/completions`` body (transformers backend)."""
+        request = ChatRequest.from_json(body)
+        adapter = self.resolve_model(request.model)
+        prompt_ids = self._prompt(request)
+        seed: int | None = None
         if self.mode == "sample":
-            seed = request.sampling.seed
-            generation = self.backend.sample(
+            seed = self._seed(request)
+            generation = self.local.sample(
                 prompt_ids,
                 request.sampling,
-                seed=self._rng.getrandbits(63) if seed is None else seed,
+                seed=seed,
                 adapter=adapter,
                 top_logprobs=request.top_logprobs,
                 logprobs_mode=self.logprobs_mode,
             )
         else:
             generation = self._scripted(request, prompt_ids, adapter)
+        return self._answer(
+            request, prompt_ids, generation, seed, adapter or self.served_model_name
+        )
+
+    async def chat_async(self, body: Any) -> dict[str, Any]:
+        """Answer a ``POST /v1/chat/completions`` body by generating on the vLLM server.
+
+        The prompt is rendered and spliced here; vLLM gets its token ids, so what it generates
+        from is exactly the history NeMo Gym carries.
+        """
+        proxy = self.proxy
+        if proxy is None:
+            raise _NotLocalError("chat_async needs the vLLM backend; call chat().")
+        request = ChatRequest.from_json(body)
+        model = proxy.vllm_model(request.model, self.served_model_name)
+        prompt_ids = self._prompt(request)
+        # Only a seed the request sent: a per-request seed makes vLLM 0.32 on CPU crash
+        # ("CPU Generator does not use offset") when chunked prefill splits a prompt across
+        # steps, which a batch of concurrent rollouts does. Unseeded requests use vLLM's
+        # engine-wide generator (seeded by its --seed).
+        seed = request.sampling.seed
+        generation = await proxy.generate(
+            prompt_ids, request.sampling, model=model, seed=seed, top_logprobs=request.top_logprobs
+        )
+        return self._answer(request, prompt_ids, generation, seed, model)
+
+    def _answer(
+        self,
+        request: ChatRequest,
+        prompt_ids: Sequence[int],
+        generation: Generation,
+        seed: int | None,
+        sampled_model: str,
+    ) -> dict[str, Any]:
         text = self.backend.decode(generation.token_ids)
         if generation.text_end is not None:
             text = text[: generation.text_end]
@@ -140,7 +210,7 @@ class ServeEngine:
         if request.tools and request.tool_choice != "none":
             content, calls = parse_tool_calls(text)
         finish: FinishReason = "tool_calls" if calls else _finish(generation.finish_reason)
-        return chat_completion_body(
+        answer = chat_completion_body(
             model=request.model or self.served_model_name,
             content=content,
             tool_calls=calls,
@@ -152,6 +222,21 @@ class ServeEngine:
             return_token_ids=request.return_token_ids,
             return_tokens_as_token_ids=request.return_tokens_as_token_ids,
         )
+        if self.recorder is not None:
+            self.recorder.record(
+                completion_id=answer["id"],
+                model=answer["model"],
+                sampled_model=sampled_model,
+                backend="vllm" if self.proxy is not None else "transformers",
+                mode=self.mode,
+                logprobs_mode=self.logprobs_mode,
+                params=request.sampling,
+                seed=seed,
+                prompt_ids=prompt_ids,
+                generation_ids=generation.token_ids,
+                finish_reason=finish,
+            )
+        return answer
 
     def scripted_text(self, request: ChatRequest) -> str:
         """Return the text the scripted policy emits for this request (without EOS)."""
@@ -180,12 +265,12 @@ class ServeEngine:
     def _scripted(
         self, request: ChatRequest, prompt_ids: Sequence[int], adapter: str | None
     ) -> Generation:
-        forced = [*self.backend.encode(self.scripted_text(request)), self.backend.eos_token_id]
-        budget = self.backend.check_prompt(prompt_ids, request.sampling.max_tokens)
+        forced = [*self.local.encode(self.scripted_text(request)), self.local.eos_token_id]
+        budget = self.local.check_prompt(prompt_ids, request.sampling.max_tokens)
         finish = "stop"
         if len(forced) > budget:
             forced, finish = forced[:budget], "length"
-        scored = self.backend.score(
+        scored = self.local.score(
             prompt_ids,
             forced,
             adapter=adapter,
@@ -200,7 +285,7 @@ class ServeEngine:
     def tokenize(self, body: Any) -> dict[str, Any]:
         """Answer a ``POST /tokenize`` body (chat messages get the same splice as generation)."""
         request = TokenizeRequest.from_json(body)
-        if request.model is not None:
+        if request.model is not None and self.proxy is None:
             self.resolve_model(request.model)
         if request.messages is not None:
             ids = self.backend.prompt_ids(
@@ -242,7 +327,7 @@ class ServeEngine:
                 err_type="InvalidUserInput",
             )
         inplace = body.get("load_inplace", False)
-        self.backend.load_adapter(name, path, replace=bool(inplace))
+        self.local.load_adapter(name, path, replace=bool(inplace))
         return f"Success: LoRA adapter '{name}' added successfully."
 
     def unload_lora(self, body: Any) -> str:
@@ -253,8 +338,13 @@ class ServeEngine:
                 "'lora_name' needs to be provided to unload a LoRA adapter.",
                 err_type="InvalidUserInput",
             )
-        self.backend.unload_adapter(name)
+        self.local.unload_adapter(name)
         return f"Success: LoRA adapter '{name}' removed successfully."
+
+
+class _NotLocalError(ServeError, NotImplementedError):
+    status = 501
+    err_type = "NotImplementedError"
 
 
 def _finish(reason: str) -> FinishReason:

@@ -6,7 +6,16 @@ from typing import Any
 
 from nemogym_sdk.errors import NemoGymError
 
-__all__ = ["BadRequestError", "NotFoundError", "ServeError", "error_body"]
+__all__ = [
+    "BadGatewayError",
+    "BadRequestError",
+    "NotFoundError",
+    "ServeError",
+    "UpstreamError",
+    "UpstreamTimeoutError",
+    "UpstreamUnavailableError",
+    "error_body",
+]
 
 
 class ServeError(NemoGymError):
@@ -49,3 +58,51 @@ def error_body(error: ServeError) -> dict[str, Any]:
             "code": error.status,
         }
     }
+
+
+class UpstreamError(ServeError):
+    """The vLLM server behind the proxy answered with an error; its status and message kept."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int,
+        param: str | None = None,
+        err_type: str | None = None,
+    ) -> None:
+        super().__init__(message, param=param, err_type=err_type or _ERROR_TYPES.get(status))
+        self.status = status
+
+
+class BadGatewayError(ServeError):
+    """The vLLM server's answer is not what the proxy needs (HTTP 502)."""
+
+    status = 502
+    err_type = "BadGateway"
+
+
+class UpstreamUnavailableError(ServeError, ConnectionError):
+    """The vLLM server cannot be reached (HTTP 503)."""
+
+    status = 503
+    err_type = "ServiceUnavailable"
+
+
+class UpstreamTimeoutError(ServeError, TimeoutError):
+    """The vLLM server did not answer in time (HTTP 504)."""
+
+    status = 504
+    err_type = "GatewayTimeout"
+
+
+_ERROR_TYPES = {
+    400: "BadRequestError",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFoundError",
+    422: "BadRequestError",
+    500: "InternalServerError",
+    501: "NotImplementedError",
+    503: "ServiceUnavailable",
+}

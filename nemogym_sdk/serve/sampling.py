@@ -20,9 +20,9 @@ Greedy decoding (temperature 0) is not a distribution; its processed logprobs ar
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
+
+from nemogym_sdk.serve.interface import LOGPROBS_MODES, MASKED_LOGPROB, LogprobsMode
 
 __all__ = [
     "LOGPROBS_MODES",
@@ -31,13 +31,6 @@ __all__ = [
     "is_greedy",
     "process_logits",
 ]
-
-LogprobsMode = Literal["raw_logprobs", "processed_logprobs"]
-LOGPROBS_MODES: tuple[LogprobsMode, ...] = ("raw_logprobs", "processed_logprobs")
-"""The logprob modes `nemogym_sdk.serve` offers (vLLM's names)."""
-
-MASKED_LOGPROB = -9999.0
-"""How a ``-inf`` logprob (a token outside the top-k/top-p support) is reported, as in vLLM."""
 
 _GREEDY_BELOW = 1e-5
 

@@ -1,0 +1,436 @@
+"""A token-in/token-out backend that forwards generation to a vLLM server (GPU or CPU).
+
+Stock vLLM renders and tokenizes the chat history itself on every turn, so the prompt of turn
+``n + 1`` holds a re-tokenization of what the model generated in turn ``n``, not the tokens it
+sampled (``reference/nemo_gym_protocol.md`` §6.2). `VllmBackend` keeps the prompt side local:
+`ServeEngine` renders and splices the prompt ids with the model directory's own tokenizer
+(`nemogym_sdk.serve.template.ChatTemplate`), and only the generation goes to vLLM, as a
+``POST /v1/completions`` whose ``prompt`` is that token-id list. Per generated token it takes
+``choices[0].token_ids[i]`` and ``logprobs.token_logprobs[i]`` (checked against
+``logprobs.tokens[i] == "token_id:<id>"``, so the logprob is the sampled token's, never an
+alternative's), and checks that vLLM echoes the prompt ids it was sent.
+
+The model name is forwarded: the proxy's base name maps to vLLM's served base name, and any
+other name (a LoRA adapter) is sent as is, so vLLM routes it to the adapter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+from nemogym_sdk.serve.errors import (
+    BadGatewayError,
+    BadRequestError,
+    UpstreamError,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
+)
+from nemogym_sdk.serve.interface import MASKED_LOGPROB, Generation, LogprobsMode
+from nemogym_sdk.serve.protocol import SamplingParams, TokenLogprob
+from nemogym_sdk.serve.template import ChatTemplate
+
+__all__ = ["VllmBackend", "completion_request", "parse_completion"]
+
+logger = logging.getLogger(__name__)
+
+_TOKEN_ID_PREFIX = "token_id:"
+_PROBE_TEXT = "Hello! How are you today?"
+_SAME_LOGPROB = 1e-3
+
+
+def completion_request(
+    prompt_ids: Sequence[int],
+    params: SamplingParams,
+    *,
+    model: str,
+    seed: int | None,
+    max_tokens: int,
+    top_logprobs: int = 0,
+) -> dict[str, Any]:
+    """Return the ``POST /v1/completions`` body for one generation (token ids in and out).
+
+    ``seed`` None leaves it out: vLLM then samples from its engine-wide generator.
+    """
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": list(prompt_ids),
+        "max_tokens": max_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "logprobs": top_logprobs,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+    }
+    if seed is not None:
+        body["seed"] = seed
+    if params.top_k > 0:
+        body["top_k"] = params.top_k
+    if params.stop:
+        body["stop"] = list(params.stop)
+    if params.stop_token_ids:
+        body["stop_token_ids"] = list(params.stop_token_ids)
+    if params.ignore_eos:
+        body["ignore_eos"] = True
+    return body
+
+
+def _token_id(spelled: Any) -> int:
+    if not isinstance(spelled, str) or not spelled.startswith(_TOKEN_ID_PREFIX):
+        raise BadGatewayError(
+            f"vLLM spelled a logprob token as {spelled!r}, not 'token_id:<id>' "
+            "(return_tokens_as_token_ids was ignored)."
+        )
+    return int(spelled[len(_TOKEN_ID_PREFIX) :])
+
+
+def _logprob(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise BadGatewayError(f"vLLM returned a logprob that is not a number: {value!r}.")
+    return max(float(value), MASKED_LOGPROB)
+
+
+def _top(entry: Any, k: int, text: Any) -> tuple[tuple[int, float, str], ...]:
+    """The ``k`` best alternatives of one position (vLLM's dict also holds the sampled token)."""
+    if k <= 0 or not isinstance(entry, Mapping):
+        return ()
+    pairs = sorted(((_token_id(t), _logprob(lp)) for t, lp in entry.items()), key=lambda p: -p[1])
+    return tuple((tid, lp, text(tid)) for tid, lp in pairs[:k])
+
+
+def parse_completion(
+    body: Any,
+    prompt_ids: Sequence[int],
+    *,
+    token_text: Any,
+    top_logprobs: int = 0,
+    stop: Sequence[str] = (),
+    decode: Any = None,
+) -> Generation:
+    """Turn vLLM's ``/v1/completions`` answer into a `Generation`; 502 if anything is missing.
+
+    ``token_text(id) -> str`` spells a token; ``decode(ids) -> str`` (needed only with stop
+    strings) finds where the stop string begins so the text can be cut there.
+    """
+    try:
+        choice = body["choices"][0]
+        token_ids = choice["token_ids"]
+        logprobs = choice["logprobs"]
+        spelled = logprobs["tokens"]
+        values = logprobs["token_logprobs"]
+    except (KeyError, IndexError, TypeError) as error:
+        raise BadGatewayError(
+            f"vLLM's completion lacks token ids or logprobs ({type(error).__name__}: {error}); "
+            "is it vLLM >= 0.10 with return_token_ids?"
+        ) from error
+    echoed = choice.get("prompt_token_ids")
+    if echoed is not None and list(echoed) != list(prompt_ids):
+        raise BadGatewayError("vLLM generated from other prompt ids than the ones it was sent.")
+    if not isinstance(token_ids, list) or not len(token_ids) == len(spelled) == len(values):
+        raise BadGatewayError(
+            "vLLM returned token ids and logprobs of different lengths "
+            f"({len(token_ids) if isinstance(token_ids, list) else token_ids!r}, "
+            f"{len(spelled)}, {len(values)})."
+        )
+    tops = logprobs.get("top_logprobs") or [None] * len(token_ids)
+    tokens: list[TokenLogprob] = []
+    for token_id, name, value, top in zip(token_ids, spelled, values, tops, strict=False):
+        if _token_id(name) != token_id:
+            raise BadGatewayError(
+                f"vLLM's logprob entry {name!r} is not the sampled token {token_id}."
+            )
+        tokens.append(
+            TokenLogprob(
+                token_id=token_id,
+                logprob=_logprob(value),
+                text=token_text(token_id),
+                top=_top(top, top_logprobs, token_text),
+            )
+        )
+    stop_reason = choice.get("stop_reason")
+    text_end = None
+    if isinstance(stop_reason, str) and stop_reason in stop and decode is not None:
+        at = decode(token_ids).find(stop_reason)
+        text_end = at if at >= 0 else None
+    finish = choice.get("finish_reason")
+    return Generation(
+        tokens=tuple(tokens),
+        finish_reason="length" if finish == "length" else "stop",
+        stop_reason=stop_reason if isinstance(stop_reason, (str, int)) else None,
+        text_end=text_end,
+    )
+
+
+def _error_message(status: int, raw: bytes) -> tuple[str, str | None, str | None]:
+    """vLLM's error message, type and param (``{"error": {...}}`` or the older flat shape)."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw.decode("utf-8", "replace")[:2000] or f"HTTP {status}", None, None
+    error = data.get("error") if isinstance(data, dict) else None
+    source = error if isinstance(error, dict) else data if isinstance(data, dict) else {}
+    message = source.get("message") or source.get("detail") or f"HTTP {status}"
+    return str(message), source.get("type"), source.get("param")
+
+
+class VllmBackend:
+    """Generation on a vLLM server; prompts, tokenization and decoding stay local.
+
+    Call `start` on the event loop that serves requests (the app does, on startup) and
+    `close` when done.
+    """
+
+    def __init__(
+        self,
+        template: ChatTemplate,
+        vllm_url: str,
+        *,
+        name_or_path: str,
+        vllm_model_name: str | None = None,
+        max_model_len: int | None = None,
+        timeout: float = 600.0,
+        connect_wait: float = 60.0,
+        api_key: str | None = None,
+    ) -> None:
+        """Point at ``vllm_url`` (``http://host:port/v1``); the model names are read at start.
+
+        Args:
+            template: the tokenizer and chat template of the model vLLM serves.
+            vllm_url: vLLM's OpenAI base URL, with ``/v1``.
+            name_or_path: the local model directory (for ``/v1/models`` cards and messages).
+            vllm_model_name: vLLM's served base model name; default: read from its
+                ``/v1/models`` (the card without a parent).
+            max_model_len: context window; default: read from vLLM's ``/v1/models``.
+            timeout: seconds one generation may take.
+            connect_wait: seconds `start` waits for vLLM to answer ``/v1/models``.
+            api_key: sent as ``Authorization: Bearer`` if vLLM was started with ``--api-key``.
+        """
+        base = vllm_url.rstrip("/")
+        self.vllm_url = base if base.endswith("/v1") else f"{base}/v1"
+        self.root_url = self.vllm_url[: -len("/v1")]
+        self.template = template
+        self.tokenizer: Any = template.tokenizer
+        self.name_or_path = name_or_path
+        self.vllm_model_name: str = vllm_model_name or ""
+        self.max_model_len: int = max_model_len or 0
+        self.timeout = timeout
+        self.connect_wait = connect_wait
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._session: aiohttp.ClientSession | None = None
+        self._texts: dict[int, str] = {}
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, vllm_url: str, **kwargs: Any) -> VllmBackend:
+        """Use the tokenizer of the local model directory that vLLM serves."""
+        return cls(ChatTemplate.from_pretrained(path), vllm_url, name_or_path=str(path), **kwargs)
+
+    # ----------------------------------------------------------------- tokenizer side
+
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        """Tokenize plain text locally."""
+        return self.template.encode(text, add_special_tokens=add_special_tokens)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Detokenize locally, skipping special tokens."""
+        return self.template.decode(token_ids)
+
+    def token_text(self, token_id: int) -> str:
+        """One token spelled out (cached)."""
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self._texts[token_id] = self.template.token_text(token_id)
+        return text
+
+    def prompt_ids(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """The spliced prompt, rendered locally (see `nemogym_sdk.serve.chat`)."""
+        return self.template.prompt_ids(
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            chat_template_kwargs=chat_template_kwargs,
+        )
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Open the HTTP session, wait for vLLM, and read its base model name and context."""
+        if self._session is None:
+            # vLLM's uvicorn drops idle keep-alive connections after 5 s: retire ours sooner.
+            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=3.0)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=self.timeout, sock_connect=10),
+                headers=self._headers,
+                json_serialize=lambda obj: orjson.dumps(obj).decode(),
+            )
+        deadline = time.monotonic() + self.connect_wait
+        while True:
+            try:
+                status, raw, _ = await self.forward("GET", "/v1/models")
+                break
+            except UpstreamUnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+        if status != 200:
+            message, err_type, param = _error_message(status, raw)
+            raise UpstreamError(message, status=status, err_type=err_type, param=param)
+        cards = orjson.loads(raw).get("data") or []
+        base = [c for c in cards if isinstance(c, dict) and not c.get("parent")]
+        if not base:
+            raise BadGatewayError(f"vLLM at {self.vllm_url} lists no base model in /v1/models.")
+        if not self.vllm_model_name:
+            self.vllm_model_name = str(base[0]["id"])
+        if not self.max_model_len:
+            self.max_model_len = int(base[0].get("max_model_len") or 2048)
+        logger.info(
+            "vLLM at %s serves %r (max_model_len %d)",
+            self.vllm_url,
+            self.vllm_model_name,
+            self.max_model_len,
+        )
+
+    async def close(self) -> None:
+        """Close the HTTP session."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # ----------------------------------------------------------------- HTTP
+
+    async def forward(
+        self, method: str, path: str, body: bytes | None = None
+    ) -> tuple[int, bytes, str]:
+        """Send ``method path`` to vLLM's root URL; return status, body and content type.
+
+        Connection failures raise `UpstreamUnavailableError` (503), timeouts
+        `UpstreamTimeoutError` (504); HTTP errors are returned, not raised.
+        """
+        if self._session is None:
+            raise UpstreamUnavailableError("The vLLM backend is not started.")
+        headers = {"Content-Type": "application/json"} if body is not None else None
+        url = f"{self.root_url}{path}"
+        try:
+            try:
+                async with self._session.request(method, url, data=body, headers=headers) as r:
+                    return r.status, await r.read(), r.content_type
+            except aiohttp.ServerDisconnectedError:
+                # a pooled connection closed by vLLM as it was reused; nothing was generated
+                async with self._session.request(method, url, data=body, headers=headers) as r:
+                    return r.status, await r.read(), r.content_type
+        except aiohttp.ClientConnectionError as error:
+            raise UpstreamUnavailableError(
+                f"The vLLM server at {self.vllm_url} is unreachable: {error}"
+            ) from error
+        except TimeoutError as error:
+            raise UpstreamTimeoutError(
+                f"The vLLM server at {self.vllm_url} did not answer {path} in {self.timeout:.0f} s."
+            ) from error
+
+    async def post_json(self, path: str, body: Mapping[str, Any]) -> Any:
+        """POST JSON to vLLM and decode the answer; vLLM's HTTP errors become `UpstreamError`."""
+        status, raw, _ = await self.forward("POST", path, orjson.dumps(body))
+        if status >= 400:
+            message, err_type, param = _error_message(status, raw)
+            raise UpstreamError(message, status=status, err_type=err_type, param=param)
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError as error:
+            raise BadGatewayError(f"vLLM answered {path} with invalid JSON: {error}") from error
+
+    # ----------------------------------------------------------------- generation
+
+    def vllm_model(self, requested: str | None, served_model_name: str) -> str:
+        """The name to send vLLM: its base name for our base name, else the adapter's name."""
+        if requested is None or requested in (served_model_name, self.vllm_model_name):
+            return self.vllm_model_name
+        return requested
+
+    def max_tokens(self, prompt_ids: Sequence[int], params: SamplingParams) -> int:
+        """The token budget (vLLM's completions default is 16 tokens, chat's the context)."""
+        if params.max_tokens is not None:
+            return params.max_tokens
+        left = self.max_model_len - len(prompt_ids)
+        if left < 1:
+            raise BadRequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"your request has {len(prompt_ids)} input tokens. Please reduce the length of "
+                "the input messages.",
+                param="messages",
+            )
+        return left
+
+    async def generate(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        model: str,
+        seed: int | None,
+        top_logprobs: int = 0,
+    ) -> Generation:
+        """Sample from vLLM with ``prompt_ids`` as the prompt; every token with its logprob."""
+        body = completion_request(
+            prompt_ids,
+            params,
+            model=model,
+            seed=seed,
+            max_tokens=self.max_tokens(prompt_ids, params),
+            top_logprobs=top_logprobs,
+        )
+        answer = await self.post_json("/v1/completions", body)
+        return parse_completion(
+            answer,
+            prompt_ids,
+            token_text=self.token_text,
+            top_logprobs=top_logprobs,
+            stop=params.stop,
+            decode=self.decode,
+        )
+
+    async def detect_logprobs_mode(self) -> LogprobsMode | None:
+        """Find vLLM's ``--logprobs-mode`` by asking for the same token at two temperatures.
+
+        Raw logprobs do not depend on the temperature; processed ones do. Returns ``None``
+        when the answers cannot tell (or vLLM reports logits, not logprobs).
+        """
+        prompt = self.encode(_PROBE_TEXT) or [self.template.eos_token_id]
+        seen: list[dict[int, float]] = []
+        for temperature in (1.0, 0.5):
+            body = {
+                "model": self.vllm_model_name,
+                "prompt": prompt,
+                "max_tokens": 1,
+                "temperature": temperature,
+                "seed": 0,
+                "logprobs": 5,
+                "return_tokens_as_token_ids": True,
+            }
+            answer = await self.post_json("/v1/completions", body)
+            try:
+                top = answer["choices"][0]["logprobs"]["top_logprobs"][0]
+                seen.append({_token_id(t): float(lp) for t, lp in top.items()})
+            except (KeyError, IndexError, TypeError, ValueError):
+                return None
+        common = seen[0].keys() & seen[1].keys()
+        if not common or any(lp > 1e-6 for lps in seen for lp in lps.values()):
+            return None
+        spread = max(abs(seen[0][t] - seen[1][t]) for t in common)
+        return "raw_logprobs" if spread < _SAME_LOGPROB else "processed_logprobs"
