@@ -322,7 +322,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
             )
 
         bar = progress(config, start, rank)
-        metrics_file = (out / "metrics.jsonl").open("a") if rank == 0 else None
+        metrics_file = open_metrics(out / "metrics.jsonl", start) if rank == 0 else None
         pending = pool.submit(play, start) if config.prefetch else None
         for step in range(start, config.steps):
             began = time.perf_counter()
@@ -398,6 +398,15 @@ def progress(config: TrainConfig, start: int, rank: int) -> Any:
     return tqdm(
         total=config.steps, initial=start, desc="nemogym-train", unit="step", disable=rank != 0
     )
+
+
+def open_metrics(path: Path, start: int) -> Any:
+    """``metrics.jsonl`` for appending, without lines of steps from ``start`` on (a resumed
+    run repeats the steps after its checkpoint)."""
+    if start and path.exists():
+        kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] < start]
+        path.write_text("".join(line + "\n" for line in kept))
+    return path.open("a")
 
 
 def save_checkpoint(model: Any, optimizer: Any, out: Path, step: int, curve: list[float]) -> Path:
