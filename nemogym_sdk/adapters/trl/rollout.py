@@ -23,7 +23,6 @@ from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.policy import RetryPolicy, SamplingParams, Timeouts
 from nemogym_sdk.records import DriftPolicy, Rollout, RolloutRequest, TaskRow
 
-from ._compat import import_trl
 from .dataset import prompt_row_id
 
 __all__ = ["NemoGymRolloutFunc", "make_rollout_func", "sampling_from_args"]
@@ -125,7 +124,6 @@ class NemoGymRolloutFunc:
         max_concurrency: int = 256,
         seed: int | None = None,
     ) -> None:
-        import_trl()
         self._rows: dict[str, TaskRow] = {}
         for row in rows:
             if row.row_id in self._rows:
