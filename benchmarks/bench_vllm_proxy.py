@@ -11,7 +11,9 @@ same requests go, interleaved round by round, to:
 Every request asks for logprobs and token ids (what NeMo Gym's ``vllm_model`` asks for),
 ``max_tokens`` fixed with ``ignore_eos`` so every answer has exactly that many tokens,
 temperature 1 and a per-request seed. Before timing it checks that (a) and (c) return the same
-tokens for the same seed. Reports median tokens/s per variant and the ratios.
+tokens for the same seed. Reports median tokens/s per variant, the ratios, and the CPU time each
+process spent per generated token (vLLM with its engine and worker processes, the proxy, this
+client), which separates what the proxy costs from how fast vLLM happened to run.
 
     .venv/bin/python benchmarks/bench_vllm_proxy.py --requests 64 --concurrency 8 --max-tokens 64
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -28,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import psutil
 
 from nemogym_sdk.gym import start_serve, start_vllm
 from nemogym_sdk.serve.template import ChatTemplate
@@ -92,7 +96,25 @@ async def _run(
     return time.perf_counter() - began, out
 
 
-async def _bench(args: argparse.Namespace, vllm_url: str, proxy_url: str, model: Path) -> None:
+def _cpu(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by each process (vLLM: with its children)."""
+    out: dict[str, float] = {}
+    for name, pid in pids.items():
+        root = psutil.Process(pid)
+        total = 0.0
+        for proc in [root, *(root.children(recursive=True) if name == "vllm" else [])]:
+            try:
+                times = proc.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += times.user + times.system
+        out[name] = total
+    return out
+
+
+async def _bench(
+    args: argparse.Namespace, vllm_url: str, proxy_url: str, model: Path, pids: dict[str, int]
+) -> None:
     template = ChatTemplate.from_pretrained(model)
     prompts = [
         template.render(_messages(i), tools=None, add_generation_prompt=True,
@@ -116,9 +138,16 @@ async def _bench(args: argparse.Namespace, vllm_url: str, proxy_url: str, model:
         same = sum(a == c for a, c in zip(via_proxy, direct, strict=True))
         print(f"same tokens via proxy and vLLM completions (same seed): {same}/{len(direct)}")
         rates: dict[str, list[float]] = {name: [] for name in variants}
+        cpu: dict[str, dict[str, float]] = {name: dict.fromkeys(pids, 0.0) for name in variants}
+        tokens: dict[str, int] = dict.fromkeys(variants, 0)
         for _ in range(args.rounds):
             for name, (url, bodies) in variants.items():
+                before = _cpu(pids)
                 seconds, ids = await _run(session, url, bodies, args.concurrency)
+                after = _cpu(pids)
+                for proc in pids:
+                    cpu[name][proc] += after[proc] - before[proc]
+                tokens[name] += sum(len(t) for t in ids)
                 rates[name].append(sum(len(t) for t in ids) / seconds)
     medians = {name: statistics.median(values) for name, values in rates.items()}
     print(
@@ -128,6 +157,10 @@ async def _bench(args: argparse.Namespace, vllm_url: str, proxy_url: str, model:
     for name, value in medians.items():
         spread = ", ".join(f"{v:.0f}" for v in rates[name])
         print(f"  {name:22s} {value:8.0f} tokens/s   (rounds: {spread})")
+    print("  CPU ms per generated token, by process (vLLM: its whole tree):")
+    for name in variants:
+        parts = ", ".join(f"{proc} {1000 * cpu[name][proc] / tokens[name]:.2f}" for proc in pids)
+        print(f"    {name:22s} {parts}")
     proxy = medians["(a) proxy chat"]
     print(f"  proxy / vLLM chat        {proxy / medians['(b) vLLM chat']:.3f}")
     print(f"  proxy / vLLM completions {proxy / medians['(c) vLLM completions']:.3f}")
@@ -152,7 +185,8 @@ def main() -> int:
                 extra_args=extra,
                 log_path=Path(tmp) / "proxy.log",
             ) as proxy:
-                asyncio.run(_bench(args, vllm.base_url, proxy.base_url, model))
+                pids = {"vllm": vllm.pid, "proxy": proxy.pid, "client": os.getpid()}
+                asyncio.run(_bench(args, vllm.base_url, proxy.base_url, model, pids))
     return 0
 
 
