@@ -10,7 +10,7 @@ Top to bottom:
 
     0. config        TrainConfig from the file and the flags (nemogym_sdk.train_config)
     1. processes     one, or several under torchrun (gloo); rank 0 owns the servers
-    2. model         the base model + a LoRA adapter (peft), tokenizer
+    2. model         the base model + a LoRA adapter (peft), tokenizer, on ``device``
     3. sampler       start the backend (transformers or vLLM), or attach to one
     4. environments  start NeMo Gym (GymStack), or attach through a head server
     5. checks        served name = adapter name, prompt + completion fit max_model_len
@@ -51,7 +51,7 @@ from nemogym_sdk import (
 )
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.lora import LoraSync
-from nemogym_sdk.train_config import TrainConfig, parse_config
+from nemogym_sdk.train_config import TrainConfig, parse_config, resolve_device
 from nemogym_sdk.wire import RESPONSES_CREATE_PARAMS, input_messages
 
 __all__ = ["main", "run"]
@@ -95,8 +95,9 @@ def gather(value: Any, world: int) -> list[Any]:
 # --- 2. model -----------------------------------------------------------------------------
 
 
-def build_policy(config: TrainConfig) -> tuple[Any, Any]:
-    """(the base model with a fresh LoRA adapter, its tokenizer); the same on every rank."""
+def build_policy(config: TrainConfig, device: str = "cpu") -> tuple[Any, Any]:
+    """(the base model with a fresh LoRA adapter, on ``device``, its tokenizer); the same
+    weights on every rank (fp32, built or loaded on the CPU, then moved)."""
     import torch
     from peft import LoraConfig, get_peft_model
 
@@ -120,15 +121,16 @@ def build_policy(config: TrainConfig) -> tuple[Any, Any]:
     )
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", ".*is_gradient_checkpointing", FutureWarning)
-        return get_peft_model(base, lora), tokenizer
+        return get_peft_model(base.to(device), lora), tokenizer
 
 
 # --- 3. sampler ---------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
-def sampler(config: TrainConfig, out: Path) -> Iterator[str]:
-    """The sampler's base URL (``.../v1``): started for this run, or the one to attach to."""
+def sampler(config: TrainConfig, out: Path, device: str = "cpu") -> Iterator[str]:
+    """The sampler's base URL (``.../v1``): started for this run (the ``transformers`` one on
+    ``device``, the learner's), or the one to attach to."""
     logs = out / "logs"
     if config.backend_url is not None:
         url = config.backend_url.rstrip("/")
@@ -151,14 +153,15 @@ def sampler(config: TrainConfig, out: Path) -> Iterator[str]:
             logprobs_mode="processed_logprobs",  # the distribution sampled from: what GRPO needs
             model=model,
             seed=config.seed,
+            extra_args=["--device", device],
             log_path=logs / "serve.log",
         ) as served:
             yield served.base_url
         return
-    yield from _vllm_sampler(config, out, model)
+    yield from _vllm_sampler(config, out, model, device)
 
 
-def _vllm_sampler(config: TrainConfig, out: Path, model: str | None) -> Iterator[str]:
+def _vllm_sampler(config: TrainConfig, out: Path, model: str | None, device: str) -> Iterator[str]:
     """Real vLLM, with ``nemogym_sdk.serve`` in front splicing token-exact multi-turn prompts."""
     from nemogym_sdk.gym import start_serve, start_vllm
     from nemogym_sdk.serve.tiny import save_tiny
@@ -171,7 +174,11 @@ def _vllm_sampler(config: TrainConfig, out: Path, model: str | None) -> Iterator
             max_model_len=config.max_model_len,
             max_lora_rank=next(r for r in (8, 16, 32, 64, 128, 256, 512) if r >= config.lora_rank),
             seed=config.seed,
-            extra_args=["--logprobs-mode", "processed_logprobs"],
+            extra_args=[
+                *("--logprobs-mode", "processed_logprobs"),
+                # vLLM wants 90 % of a GPU free at start by default; the learner is on it too
+                *(("--gpu-memory-utilization", "0.5") if device.startswith("cuda") else ()),
+            ],
             log_path=logs / "vllm.log",
         ) as vllm,
         start_serve(
@@ -286,9 +293,10 @@ def run(config: TrainConfig) -> dict[str, Any]:
     rank, world = setup_processes()
     if config.rows_per_step % world:
         raise ConfigError(f"rows_per_step={config.rows_per_step} must divide among {world} ranks")
+    device = resolve_device(config, int(os.environ.get("LOCAL_RANK", "0")), world)
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
-    model, tokenizer = build_policy(config)
+    model, tokenizer = build_policy(config, device)
     eos = int(tokenizer.eos_token_id)
     pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos)
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=config.lr)
@@ -302,7 +310,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
         sync: LoraSync | None = None
         info: dict[str, Any] = {}
         if rank == 0:
-            base_url = servers.enter_context(sampler(config, out))
+            base_url = servers.enter_context(sampler(config, out, device))
             info = servers.enter_context(environments(config, base_url, out))
             sync = servers.enter_context(LoraSync(base_url, config.adapter_name, out / "adapters"))
             sync.initialize(model, require_zero=not config.resume)  # before the first rollout
@@ -355,6 +363,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
             synced = time.perf_counter()
             line = {
                 "step": step,
+                "device": device,
                 **step_metrics(batch, rollouts, world),
                 **synced_info,
                 "mismatch_max": max(gather(result.mismatch_max, world)),
@@ -431,7 +440,10 @@ def load_checkpoint(model: Any, optimizer: Any, out: Path) -> tuple[int, list[fl
         raise ConfigError(f"resume: no checkpoint in {out / 'checkpoints'}; run without --resume")
     path = found[-1]
     set_peft_model_state_dict(model, load_file(str(path / "adapter_model.safetensors")))
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    # map_location: a checkpoint written on a GPU resumes on a CPU too (load_state_dict moves
+    # the state to the parameters' device)
+    state_dict = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
+    optimizer.load_state_dict(state_dict)
     state = json.loads((path / "state.json").read_text())
     return int(state["step"]), [float(v) for v in state["curve"]]
 

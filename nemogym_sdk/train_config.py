@@ -9,6 +9,7 @@ fix it.
 from __future__ import annotations
 
 import argparse
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -20,7 +21,7 @@ import yaml
 
 from nemogym_sdk.errors import ConfigError
 
-__all__ = ["BACKENDS", "LOSSES", "TrainConfig", "parse_config"]
+__all__ = ["BACKENDS", "LOSSES", "TrainConfig", "parse_config", "resolve_device"]
 
 BACKENDS = ("transformers", "vllm")
 LOSSES = ("grpo", "dapo", "dr_grpo", "gspo")
@@ -39,6 +40,10 @@ class TrainConfig:
     backend_url: str | None = None
     """Attach to a running sampler at this URL instead of starting one (it must serve the
     same weights and runtime LoRA routes)."""
+    device: str = "auto"
+    """Where the learner (model, batches, loss) runs, and the ``transformers`` sampler it
+    starts: ``auto`` (``cuda`` when torch sees a GPU, else ``cpu``), ``cpu``, ``cuda`` or
+    ``cuda:N``. Under torchrun, ``cuda`` means each process's ``cuda:LOCAL_RANK``."""
     adapter_name: str = "policy"
     """The name the LoRA adapter is served under; NeMo Gym's model server must request it."""
     environments: tuple[str, ...] = ("target_chars",)
@@ -75,6 +80,8 @@ class TrainConfig:
     def __attrs_post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         if self.loss not in LOSSES:
             raise ConfigError(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
         positive = ("steps", "rows_per_step", "num_generations", "lora_rank", "micro_batch_size")
@@ -155,3 +162,20 @@ def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
     values.update({k: v for k, v in vars(args).items() if k in fields and v is not None})
     typed = {k: _coerce(k, v, _field_type(fields[k])) for k, v in values.items()}
     return TrainConfig(**typed)
+
+
+def resolve_device(config: TrainConfig, local_rank: int = 0, world: int = 1) -> str:
+    """The torch device this process trains on, e.g. ``cpu``, ``cuda`` or ``cuda:1``.
+
+    ``auto`` picks CUDA when torch sees a GPU; with several processes ``cuda`` becomes
+    ``cuda:LOCAL_RANK`` (modulo the GPUs visible). Raises ``ConfigError`` when CUDA is asked
+    for and torch has none (saying what to install) or the index is not visible.
+    """
+    import torch
+
+    from nemogym_sdk.serve.backend import resolve_device as torch_device
+
+    device = torch_device(config.device)
+    if device.type == "cuda" and device.index is None and world > 1:
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    return str(device)

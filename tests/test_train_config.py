@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from nemogym_sdk import ConfigError
-from nemogym_sdk.train_config import TrainConfig, parse_config
+from nemogym_sdk.train_config import TrainConfig, parse_config, resolve_device
 
 
 def test_flags_override_the_file(tmp_path: Path) -> None:
@@ -34,6 +34,8 @@ def test_flags_alone_and_list_values() -> None:
         (["--steps", "ten"], "steps: expected int"),
         (["--model", "/nonexistent/model"], "neither 'tiny' nor a local Hugging Face"),
         (["--config", "/nonexistent.yaml"], "does not exist"),
+        (["--device", "gpu"], "device must be auto, cpu, cuda or cuda:N"),
+        (["--device", "cuda:x"], "device must be auto, cpu, cuda or cuda:N"),
     ],
 )
 def test_bad_settings_say_what_is_wrong(argv: list[str], message: str) -> None:
@@ -46,3 +48,47 @@ def test_unknown_keys_in_the_file_are_named(tmp_path: Path) -> None:
     config_file.write_text("steps: 3\nlearning_rate: 0.1\n")
     with pytest.raises(ConfigError, match=r"unknown setting.*learning_rate"):
         parse_config(["--config", str(config_file)])
+
+
+def test_device_defaults_to_auto_and_is_read_from_file_and_flags(tmp_path: Path) -> None:
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text("device: cpu\n")
+    assert TrainConfig().device == "auto"
+    assert parse_config(["--config", str(config_file)]).device == "cpu"
+    assert parse_config(["--config", str(config_file), "--device", "cuda:1"]).device == "cuda:1"
+
+
+def test_auto_and_cpu_resolve_to_the_cpu_without_a_gpu() -> None:
+    """What every CPU run (make demo, the tests) trains on: unchanged by the device setting."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: auto resolves to cuda")
+    assert resolve_device(TrainConfig()) == "cpu"
+    assert resolve_device(TrainConfig(device="cpu"), local_rank=1, world=2) == "cpu"
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:0"])
+def test_cuda_without_cuda_says_what_to_install(device: str) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ConfigError, match=f"device '{device}' needs CUDA") as caught:
+        resolve_device(TrainConfig(device=device))
+    message = str(caught.value)
+    assert "or use device cpu" in message
+    if torch.version.cuda is None:
+        assert "CPU-only build" in message and "pip install torch --index-url" in message
+
+
+def test_cuda_indices_per_process_and_out_of_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unit test of the mapping alone (torch's CUDA queries faked): under torchrun ``cuda`` is
+    each process's ``cuda:LOCAL_RANK`` (modulo the GPUs), an explicit index stays, and an
+    index past the visible GPUs is an error that names them."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device(TrainConfig(device="cuda")) == "cuda"
+    assert resolve_device(TrainConfig(device="auto"), local_rank=3, world=4) == "cuda:1"
+    assert resolve_device(TrainConfig(device="cuda:0"), local_rank=1, world=2) == "cuda:0"
+    with pytest.raises(ConfigError, match=r"sees 2 GPU\(s\), cuda:0 to cuda:1"):
+        resolve_device(TrainConfig(device="cuda:2"))

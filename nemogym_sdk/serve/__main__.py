@@ -67,6 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument(
+        "--device",
+        default=None,
+        help=(
+            "--backend transformers: where the model runs: cpu (default), cuda, cuda:N, or auto "
+            "(cuda when torch sees a GPU); vLLM chooses its own device"
+        ),
+    )
+    parser.add_argument(
         "--vllm-url",
         default=None,
         help="--backend vllm: the vLLM server's base URL, e.g. http://127.0.0.1:8011/v1",
@@ -148,6 +156,8 @@ async def _serve(engine: ServeEngine, host: str, port: int) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     upstream = f" vllm={engine.proxy.vllm_url}" if engine.proxy is not None else ""
+    device = getattr(engine.backend, "device", None)
+    upstream += f" device={device}" if device is not None else ""
     print(
         f"nemogym_sdk.serve ready: model={engine.served_model_name} mode={engine.mode} "
         f"base_url={server.base_url} logprobs={engine.logprobs_mode}{upstream}",
@@ -199,6 +209,11 @@ def _engine(args: argparse.Namespace) -> ServeEngine:
             raise ValueError(
                 "--backend vllm needs --vllm-url and --model (the directory vLLM serves)"
             )
+        if args.device is not None:
+            raise ValueError(
+                "--device is for --backend transformers; with --backend vllm the vLLM server "
+                "chooses its device"
+            )
         backend = VllmBackend.from_pretrained(
             args.model,
             args.vllm_url,
@@ -209,15 +224,18 @@ def _engine(args: argparse.Namespace) -> ServeEngine:
         # None: the base model keeps vLLM's served name (read from vLLM at start).
         served_model_name = args.served_model_name
     else:
-        from nemogym_sdk.serve.backend import CausalLMBackend
+        from nemogym_sdk.serve.backend import CausalLMBackend, resolve_device
         from nemogym_sdk.serve.tiny import TINY_MODEL_NAME
 
+        device = resolve_device(args.device or "cpu")
         if args.model is None:
-            backend = CausalLMBackend.tiny(args.seed)
+            backend = CausalLMBackend.tiny(args.seed, device=device)
             if args.max_model_len is not None:
                 backend.max_model_len = args.max_model_len
         else:
-            backend = CausalLMBackend.from_pretrained(args.model, max_model_len=args.max_model_len)
+            backend = CausalLMBackend.from_pretrained(
+                args.model, max_model_len=args.max_model_len, device=device
+            )
         served_model_name = args.served_model_name or (
             TINY_MODEL_NAME if args.model is None else args.model
         )

@@ -12,11 +12,13 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import re
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.serve._deps import require_serve_deps
 
 require_serve_deps()
@@ -34,18 +36,58 @@ from nemogym_sdk.serve.sampling import (  # noqa: E402
 )
 from nemogym_sdk.serve.template import ChatTemplate, eos_ids_of  # noqa: E402
 
-__all__ = ["CausalLMBackend", "Generation"]
+__all__ = ["DEVICES", "CausalLMBackend", "Generation", "resolve_device"]
 
 logger = logging.getLogger(__name__)
+
+DEVICES = "auto, cpu, cuda or cuda:N"
+"""The device settings `resolve_device` accepts (``auto``: CUDA when torch sees a GPU)."""
+
+
+def resolve_device(spec: str) -> torch.device:
+    """The torch device for ``spec`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``).
+
+    Raises ``ConfigError`` for another spelling, for CUDA when torch has none (saying what to
+    install), and for a GPU index that is not visible.
+    """
+    spec = spec.strip().lower()
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", spec):
+        raise ConfigError(f"device must be one of {DEVICES}, got {spec!r}")
+    device = torch.device(spec)
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
+        why = (
+            f"this torch ({torch.__version__}) is a CPU-only build; install a CUDA build "
+            "(e.g. `pip install torch --index-url https://download.pytorch.org/whl/cu128`, "
+            "see https://pytorch.org/get-started/locally/)"
+            if torch.version.cuda is None
+            else f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU; check "
+            "the NVIDIA driver (`nvidia-smi`) and CUDA_VISIBLE_DEVICES"
+        )
+        raise ConfigError(f"device {spec!r} needs CUDA, but {why}; or use device cpu")
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise ConfigError(f"device {spec!r}: torch sees {count} GPU(s), cuda:0 to cuda:{count - 1}")
+    return device
 
 
 class CausalLMBackend:
     """One causal LM and its tokenizer, plus named LoRA adapters (PEFT)."""
 
     def __init__(
-        self, model: Any, tokenizer: Any, *, name_or_path: str, max_model_len: int | None = None
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        name_or_path: str,
+        max_model_len: int | None = None,
+        device: str | torch.device = "cpu",
     ) -> None:
-        """Wrap a loaded ``transformers`` model (eval mode) and fast tokenizer."""
+        """Wrap a loaded ``transformers`` model (eval mode, moved to ``device``) and fast
+        tokenizer; ``device`` is a torch device or a `resolve_device` setting."""
         generation_config = getattr(model, "generation_config", None)
         self.template = ChatTemplate(
             tokenizer,
@@ -53,7 +95,11 @@ class CausalLMBackend:
             name=name_or_path,
         )
         """The tokenizer and chat template: rendering, tokenizing, the prefix splice."""
-        self.model: Any = model.eval()
+        self.device: torch.device = (
+            device if isinstance(device, torch.device) else resolve_device(device)
+        )
+        """Where the model runs; prompts, sampling and LoRA adapters live there too."""
+        self.model: Any = model.to(self.device).eval()
         self.tokenizer: Any = tokenizer
         self.name_or_path = name_or_path
         config = model.config
@@ -73,25 +119,42 @@ class CausalLMBackend:
         self._logits_to_keep = "logits_to_keep" in forward_params
 
     @classmethod
-    def tiny(cls, seed: int = 0) -> CausalLMBackend:
+    def tiny(cls, seed: int = 0, *, device: str | torch.device = "cpu") -> CausalLMBackend:
         """Return the in-process tiny model (see `nemogym_sdk.serve.tiny`)."""
         from nemogym_sdk.serve.tiny import TINY_MODEL_NAME, build_tiny_model, build_tiny_tokenizer
 
-        return cls(build_tiny_model(seed), build_tiny_tokenizer(), name_or_path=TINY_MODEL_NAME)
+        return cls(
+            build_tiny_model(seed),
+            build_tiny_tokenizer(),
+            name_or_path=TINY_MODEL_NAME,
+            device=device,
+        )
 
     @classmethod
     def from_pretrained(
-        cls, path: str | Path, *, max_model_len: int | None = None
+        cls,
+        path: str | Path,
+        *,
+        max_model_len: int | None = None,
+        device: str | torch.device = "cpu",
     ) -> CausalLMBackend:
-        """Load a local model directory (weights + tokenizer with a chat template), fp32 on CPU."""
+        """Load a local model directory (weights + tokenizer with a chat template) in fp32 on
+        ``device`` (default the CPU)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         directory = Path(path)
         if not directory.is_dir():
             raise FileNotFoundError(f"Model directory not found: {directory}")
+        target = device if isinstance(device, torch.device) else resolve_device(device)
         tokenizer = AutoTokenizer.from_pretrained(directory)
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
-        return cls(model, tokenizer, name_or_path=str(directory), max_model_len=max_model_len)
+        return cls(
+            model,
+            tokenizer,
+            name_or_path=str(directory),
+            max_model_len=max_model_len,
+            device=target,
+        )
 
     # ----------------------------------------------------------------- tokens and templates
 
@@ -224,11 +287,12 @@ class CausalLMBackend:
         Each token's logprob follows ``logprobs_mode`` (raw, or of the processed distribution).
         """
         budget = self.check_prompt(prompt_ids, params.max_tokens)
-        generator = torch.Generator().manual_seed(seed)
+        generator = torch.Generator(device=self.device).manual_seed(seed)
         stop_ids = set(params.stop_token_ids)
         tokens: list[TokenLogprob] = []
         with self._active(adapter) as model, torch.inference_mode():
-            out = self._forward(model, torch.tensor([list(prompt_ids)]), keep=1)
+            prompt_1T = torch.tensor([list(prompt_ids)], device=self.device)
+            out = self._forward(model, prompt_1T, keep=1)
             for step in range(budget):
                 logits_V = out.logits[0, -1].float()
                 processed_V = _process(logits_V, params)
@@ -252,7 +316,7 @@ class CausalLMBackend:
                             text_end=at,
                         )
                 if step + 1 < budget:
-                    next_1T = torch.tensor([[token]])
+                    next_1T = torch.tensor([[token]], device=self.device)
                     out = self._forward(model, next_1T, keep=1, cache=self._cache_of(out))
         return Generation(tokens=tuple(tokens), finish_reason="length")
 
@@ -275,9 +339,8 @@ class CausalLMBackend:
             return []
         full = [*prompt_ids, *forced_ids]
         with self._active(adapter) as model, torch.inference_mode():
-            out = self._forward(
-                model, torch.tensor([full[:-1]]), keep=len(forced_ids), use_cache=False
-            )
+            input_1T = torch.tensor([full[:-1]], device=self.device)
+            out = self._forward(model, input_1T, keep=len(forced_ids), use_cache=False)
             logits_TV = out.logits[0, -len(forced_ids) :].float()
             if logprobs_mode == "processed_logprobs" and params is not None:
                 logits_TV = _process(logits_TV, params)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,10 +17,14 @@ from typing import Any
 
 import pytest
 
+from nemogym_sdk.train_config import TrainConfig, resolve_device
+
 pytestmark = [pytest.mark.gym, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 MISMATCH_MAX = 1e-4
+AUTO_DEVICE = resolve_device(TrainConfig())
+"""What ``device: auto`` resolves to here: ``cpu`` on the CPU box, ``cuda`` with a GPU."""
 
 
 def train(out: Path, *flags: str, expect: int = 0) -> subprocess.CompletedProcess[str]:
@@ -48,12 +53,22 @@ def test_trainer_runs_checkpoints_and_resumes(gym_venv: object, tmp_path: Path) 
         assert step["failures"] == {} and step["rollouts"] == 16 and step["turns_mean"] == 3.0
         assert step["mismatch_max"] < MISMATCH_MAX, step
         assert step["policy_tokens"] > 0 and step["env_tokens"] > 0
+        assert step["device"] == AUTO_DEVICE
         assert min(step[k] for k in ("rollout_s", "learner_s", "sync_s")) > 0
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
         "step_000002",
         "step_000004",
     ]
     assert (out / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    breakdown = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "phase_breakdown.py"), str(out)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert f"device {AUTO_DEVICE}; 16 rollouts per step; medians of 3 of 4 steps" in breakdown
+    for phase in ("rollout", "parse/collate", "learner", "sync"):
+        assert re.search(rf"^{re.escape(phase)} +\d+\.\d{{3}} +\d+\.\d%$", breakdown, re.M)
 
     train(out, "--steps", "6", "--rows-per-step", "2", "--checkpoint-every", "2", "--resume")
     resumed = metrics(out)
