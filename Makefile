@@ -24,7 +24,7 @@ install: $(VENV)/.installed
 
 # Reused when present. nemo-gym 0.7.0 declares Python >= 3.13.14 but runs on 3.13.0
 # (pyenv's), hence --ignore-requires-python. Without any Python 3.13 the real-server
-# tests skip, saying so.
+# tests skip, saying so; with NEMOGYM_REQUIRE_GYM=1 (CI: .ci/run) this target fails.
 $(GYM_VENV)/.installed:
 	@py=""; \
 	for cand in "python3.13" "env PYENV_VERSION=3.13.0 python3.13"; do \
@@ -32,6 +32,10 @@ $(GYM_VENV)/.installed:
 	    py="$$cand"; break; fi; \
 	done; \
 	if [ -z "$$py" ]; then \
+	  if [ "$${NEMOGYM_REQUIRE_GYM:-}" = 1 ]; then \
+	    echo "gym-venv: no Python 3.13 found and NEMOGYM_REQUIRE_GYM=1: cannot build $(GYM_VENV)" >&2; \
+	    exit 1; \
+	  fi; \
 	  echo "gym-venv: no Python 3.13 found; tests against real NeMo Gym will be skipped"; \
 	  exit 0; \
 	fi; \

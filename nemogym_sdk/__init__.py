@@ -43,6 +43,7 @@ from nemogym_sdk.records import (
     Batch,
     DriftPolicy,
     DriftReport,
+    ParseOptions,
     Rollout,
     RolloutRequest,
     RolloutStatus,
@@ -64,7 +65,15 @@ if TYPE_CHECKING:
         install_lora_sync,
         probe_lora_support,
     )
-    from nemogym_sdk.verify import Verifier, VerifyItem, VerifyResult, reward_nemo_gym_verify
+    from nemogym_sdk.verify import (
+        Verifier,
+        VerifyItem,
+        VerifyResult,
+        VerifyStats,
+        clear_verifier_cache,
+        reward_nemo_gym_verify,
+        verify_stats,
+    )
 
 __version__ = "0.1.0"
 
@@ -84,7 +93,10 @@ _LAZY = {
     "Verifier": "nemogym_sdk.verify",
     "VerifyItem": "nemogym_sdk.verify",
     "VerifyResult": "nemogym_sdk.verify",
+    "VerifyStats": "nemogym_sdk.verify",
+    "clear_verifier_cache": "nemogym_sdk.verify",
     "reward_nemo_gym_verify": "nemogym_sdk.verify",
+    "verify_stats": "nemogym_sdk.verify",
 }
 
 
@@ -122,6 +134,7 @@ __all__ = [
     "LoraSyncHook",
     "NemoGymError",
     "NotReadyError",
+    "ParseOptions",
     "RawRun",
     "RetryPolicy",
     "Rollout",
@@ -141,9 +154,11 @@ __all__ = [
     "Verifier",
     "VerifyItem",
     "VerifyResult",
+    "VerifyStats",
     "__version__",
     "base_url",
     "check_served_name",
+    "clear_verifier_cache",
     "collate",
     "compute_advantages",
     "expand_groups",
@@ -158,4 +173,5 @@ __all__ = [
     "reward_nemo_gym_verify",
     "routable_host",
     "split_host_port",
+    "verify_stats",
 ]

@@ -6,7 +6,8 @@
 - ``post``: one HTTP attempt with the foreign-exception edge: every aiohttp and
   asyncio error is translated here into an ``Attempt`` outcome, nowhere else.
 - ``post_with_retries``: the retry loop (capped exponential backoff with jitter on
-  connection errors, 429 and 5xx only), bounded by an absolute deadline.
+  connection errors, 429 and 5xx; on per-request timeouts only when the policy opts
+  in), bounded by an absolute deadline.
 """
 
 from __future__ import annotations
@@ -202,7 +203,8 @@ async def post_with_retries(
     cookies: Mapping[str, str] | None = None,
     want_cookies: bool = False,
 ) -> Attempt:
-    """POST with retries on connection errors, 429 and 5xx, never past ``deadline``.
+    """POST with retries on connection errors, 429 and 5xx (and timeouts, when
+    ``retry.retry_timeouts``), never past ``deadline``.
 
     ``deadline`` is an absolute ``time.monotonic()`` value (None for none); each
     attempt's timeout is the smaller of ``request_timeout`` and the time left.
@@ -228,8 +230,10 @@ async def post_with_retries(
             cookies=cookies,
             want_cookies=want_cookies,
         )
-        retryable = attempt.outcome is Outcome.CONNECTION or (
-            attempt.outcome is Outcome.HTTP_ERROR and retry.retryable_status(attempt.status)
+        retryable = (
+            attempt.outcome is Outcome.CONNECTION
+            or (attempt.outcome is Outcome.HTTP_ERROR and retry.retryable_status(attempt.status))
+            or (attempt.outcome is Outcome.TIMEOUT and retry.retryable_timeout())
         )
         if not retryable or number == retry.max_attempts:
             break

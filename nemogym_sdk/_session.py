@@ -1,9 +1,10 @@
 """The connection-owning base of ``AgentClient`` and ``Verifier``.
 
 One ``aiohttp.ClientSession`` per client, created lazily in the event loop that first
-uses it and reused for every batch; a global and a per-host concurrency limit; and a
-private background loop for the synchronous facades (created on first sync use, so a
-purely async user never starts a thread).
+uses it and reused for every batch; a global and a per-host concurrency limit; the one
+retry/deadline/status path both clients send through (``_deadline``, ``_send``,
+``STATUS_OF``); and a private background loop for the synchronous facades (created on
+first sync use, so a purely async user never starts a thread).
 """
 
 from __future__ import annotations
@@ -11,18 +12,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator, Coroutine
+import time
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from types import TracebackType
 from typing import Any, Self, TypeVar
 from urllib.parse import urlsplit
 
 import aiohttp
 
-from nemogym_sdk._aio import BackgroundLoop
+from nemogym_sdk._aio import Attempt, BackgroundLoop, Outcome, post_with_retries
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.policy import RetryPolicy, Timeouts
+from nemogym_sdk.records import RolloutStatus
 
 T = TypeVar("T")
+
+STATUS_OF: Mapping[Outcome, RolloutStatus] = {
+    Outcome.OK: RolloutStatus.OK,
+    Outcome.HTTP_ERROR: RolloutStatus.AGENT_ERROR,
+    Outcome.CONNECTION: RolloutStatus.TRANSPORT_ERROR,
+    Outcome.PROTOCOL: RolloutStatus.TRANSPORT_ERROR,
+    Outcome.TIMEOUT: RolloutStatus.TIMEOUT,
+}
+"""The rollout status of each way an exchange can end (agents and resources servers alike)."""
 
 
 class SessionOwner:
@@ -98,6 +110,41 @@ class SessionOwner:
                 )
             limits = self._limit_cache[url] = (per_host, self._global)
         return limits
+
+    # --- sending ----------------------------------------------------------------------------
+
+    def _deadline(self) -> float | None:
+        """The absolute ``time.monotonic()`` deadline of a batch starting now (None: none)."""
+        total = self.timeouts.total
+        return None if total is None else time.monotonic() + total
+
+    async def _send(
+        self,
+        url: str,
+        body: bytes,
+        deadline: float | None,
+        *,
+        cookies: Mapping[str, str] | None = None,
+        want_cookies: bool = False,
+    ) -> Attempt:
+        """POST ``body`` to ``url`` under this client's timeouts and retry policy, never
+        past ``deadline``; a batch deadline that has already passed sends nothing."""
+        if deadline is not None and time.monotonic() >= deadline:
+            return Attempt(
+                outcome=Outcome.TIMEOUT, attempts=0, error="the batch deadline passed first"
+            )
+        return await post_with_retries(
+            self._bind(),
+            url,
+            body,
+            request_timeout=self.timeouts.request,
+            connect_timeout=self.timeouts.connect,
+            deadline=deadline,
+            retry=self.retry,
+            rng=self._rng,
+            cookies=cookies,
+            want_cookies=want_cookies,
+        )
 
     # --- sync facade ------------------------------------------------------------------------
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import time
@@ -24,14 +23,20 @@ from typing import Any, NamedTuple
 
 import attrs
 
-from nemogym_sdk._aio import Attempt, Outcome, post_with_retries
-from nemogym_sdk._session import SessionOwner
+from nemogym_sdk._session import STATUS_OF, SessionOwner
 from nemogym_sdk.directory import ServerDirectory
 from nemogym_sdk.errors import ConfigError, DataError, UnknownAgentError
 from nemogym_sdk.policy import RetryPolicy, SamplingParams, Timeouts
-from nemogym_sdk.records import DriftPolicy, Rollout, RolloutRequest, RolloutStatus, TaskRow
+from nemogym_sdk.records import (
+    DriftPolicy,
+    ParseOptions,
+    Rollout,
+    RolloutRequest,
+    RolloutStatus,
+    TaskRow,
+)
 from nemogym_sdk.turns import Decode, parse_agent_response
-from nemogym_sdk.wire import build_run_body
+from nemogym_sdk.wire import RUN_ROUTE, build_run_body
 
 __all__ = ["AgentClient", "RawRun", "RowInput"]
 
@@ -77,15 +82,6 @@ class _Job(NamedTuple):
     """``<agent base URL>/run``."""
     body: bytes
     """The encoded ``/run`` body (encoded before anything is sent)."""
-
-
-_STATUS = {
-    Outcome.OK: RolloutStatus.OK,
-    Outcome.HTTP_ERROR: RolloutStatus.AGENT_ERROR,
-    Outcome.CONNECTION: RolloutStatus.TRANSPORT_ERROR,
-    Outcome.PROTOCOL: RolloutStatus.TRANSPORT_ERROR,
-    Outcome.TIMEOUT: RolloutStatus.TIMEOUT,
-}
 
 
 class AgentClient(SessionOwner):
@@ -176,7 +172,7 @@ class AgentClient(SessionOwner):
     def _jobs(self, requests: Sequence[RolloutRequest]) -> list[_Job]:
         """Route and encode every request; raises before anything is sent."""
         overrides = self.sampling.overrides()
-        urls = {name: f"{url}/run" for name, url in self.directory.agents.items()}
+        urls = {name: f"{url}{RUN_ROUTE}" for name, url in self.directory.agents.items()}
         jobs = []
         for index, request in enumerate(requests):
             name = self._route(request)
@@ -191,35 +187,15 @@ class AgentClient(SessionOwner):
 
     # --- raw runs ---------------------------------------------------------------------------
 
-    def _deadline(self) -> float | None:
-        total = self.timeouts.total
-        return None if total is None else time.monotonic() + total
-
-    async def _send(self, job: _Job, deadline: float | None) -> Attempt:
-        if deadline is not None and time.monotonic() >= deadline:
-            return Attempt(
-                outcome=Outcome.TIMEOUT, attempts=0, error="the batch deadline passed first"
-            )
-        return await post_with_retries(
-            self._bind(),
-            job.url,
-            job.body,
-            request_timeout=self.timeouts.request,
-            connect_timeout=self.timeouts.connect,
-            deadline=deadline,
-            retry=self.retry,
-            rng=self._rng,
-        )
-
     async def _play(self, job: _Job, deadline: float | None) -> RawRun:
         per_host, everyone = self._limits(job.url)
         started = time.monotonic()
         if per_host is None:  # the per-host limit cannot bind: skip it (hot path)
             async with everyone:
-                attempt = await self._send(job, deadline)
+                attempt = await self._send(job.url, job.body, deadline)
         else:
             async with per_host, everyone:
-                attempt = await self._send(job, deadline)
+                attempt = await self._send(job.url, job.body, deadline)
         error = attempt.error
         if error is not None and attempt.attempts > 1:
             error = f"{error} (after {attempt.attempts} attempts)"
@@ -228,7 +204,7 @@ class AgentClient(SessionOwner):
             request=job.request,
             index=job.position,
             agent_name=job.agent_name,
-            status=_STATUS[attempt.outcome],
+            status=STATUS_OF[attempt.outcome],
             body=attempt.body if attempt.ok else None,
             error=error,
             http_status=attempt.status,
@@ -277,26 +253,15 @@ class AgentClient(SessionOwner):
         on_drift: DriftPolicy | str = DriftPolicy.MARK,
         max_completion_length: int | None = None,
         decode: Decode | None = None,
+        parse_options: ParseOptions | None = None,
     ) -> Rollout:
-        """Parse one exchange into a ``Rollout`` tagged with its row, repeat and agent."""
-        if raw.body is None:
-            rollout = Rollout.failed(raw.status, eos_token_id, error=raw.error)
-        else:
-            rollout = parse_agent_response(
-                raw.body,
-                eos_token_id,
-                on_drift=on_drift,
-                max_completion_length=max_completion_length,
-                decode=decode,
-            )
-        row_id, repeat, agent = raw.request.row.row_id, raw.request.repeat_index, raw.agent_name
-        forks = tuple(
-            attrs.evolve(fork, row_id=row_id, repeat_index=repeat, agent_name=agent)
-            for fork in rollout.forks
-        )
-        return attrs.evolve(
-            rollout, forks=forks, row_id=row_id, repeat_index=repeat, agent_name=agent
-        )
+        """Parse one exchange into a ``Rollout`` tagged with its row, repeat and agent.
+
+        ``parse_options`` carries ``on_drift``, ``max_completion_length`` and ``decode``
+        as one record; pass either it or those keywords.
+        """
+        options = _options(parse_options, on_drift, max_completion_length, decode)
+        return _to_rollout(raw, eos_token_id, options)
 
     async def stream(
         self,
@@ -307,22 +272,17 @@ class AgentClient(SessionOwner):
         on_drift: DriftPolicy | str = DriftPolicy.MARK,
         max_completion_length: int | None = None,
         decode: Decode | None = None,
+        parse_options: ParseOptions | None = None,
     ) -> AsyncGenerator[Rollout, None]:
         """Yield rollouts as they complete (each tagged with ``row_id`` and ``repeat_index``).
 
         Closing the generator early (``break``, ``aclose``) cancels what is still running.
         """
-        parse = functools.partial(
-            self.to_rollout,
-            eos_token_id=eos_token_id,
-            on_drift=on_drift,
-            max_completion_length=max_completion_length,
-            decode=decode,
-        )
+        options = _options(parse_options, on_drift, max_completion_length, decode)
         raws = self.stream_raw(rows, num_generations=num_generations)
         async with contextlib.aclosing(raws):
             async for raw in raws:
-                yield parse(raw)
+                yield _to_rollout(raw, eos_token_id, options)
 
     async def run(
         self,
@@ -333,16 +293,12 @@ class AgentClient(SessionOwner):
         on_drift: DriftPolicy | str = DriftPolicy.MARK,
         max_completion_length: int | None = None,
         decode: Decode | None = None,
+        parse_options: ParseOptions | None = None,
     ) -> list[Rollout]:
         """Play every row ``num_generations`` times; rollouts in input order (``aabb``)."""
-        parse = functools.partial(
-            self.to_rollout,
-            eos_token_id=eos_token_id,
-            on_drift=on_drift,
-            max_completion_length=max_completion_length,
-            decode=decode,
-        )
-        return [parse(raw) for raw in await self.run_raw(rows, num_generations=num_generations)]
+        options = _options(parse_options, on_drift, max_completion_length, decode)
+        raws = await self.run_raw(rows, num_generations=num_generations)
+        return [_to_rollout(raw, eos_token_id, options) for raw in raws]
 
     def run_sync(
         self,
@@ -353,20 +309,61 @@ class AgentClient(SessionOwner):
         on_drift: DriftPolicy | str = DriftPolicy.MARK,
         max_completion_length: int | None = None,
         decode: Decode | None = None,
+        parse_options: ParseOptions | None = None,
     ) -> list[Rollout]:
         """``run`` for synchronous callers, on the client's own loop thread."""
+        options = _options(parse_options, on_drift, max_completion_length, decode)
         rows = list(rows)
         return self._run_sync(
             self.run(
                 rows,
                 eos_token_id=eos_token_id,
                 num_generations=num_generations,
-                on_drift=on_drift,
-                max_completion_length=max_completion_length,
-                decode=decode,
+                parse_options=options,
             )
         )
 
     def run_raw_sync(self, rows: Iterable[RowInput], *, num_generations: int = 1) -> list[RawRun]:
         """``run_raw`` for synchronous callers, on the client's own loop thread."""
         return self._run_sync(self.run_raw(list(rows), num_generations=num_generations))
+
+
+_DEFAULT_PARSE = ParseOptions()
+
+
+def _options(
+    given: ParseOptions | None,
+    on_drift: DriftPolicy | str,
+    max_completion_length: int | None,
+    decode: Decode | None,
+) -> ParseOptions:
+    """The one parse-options record, from ``parse_options`` or from the loose keywords."""
+    loose = ParseOptions(
+        on_drift=on_drift, max_completion_length=max_completion_length, decode=decode
+    )
+    if given is None:
+        return loose
+    if loose != _DEFAULT_PARSE or decode is not None:
+        raise ConfigError(
+            "pass either parse_options or on_drift/max_completion_length/decode, not both"
+        )
+    return given
+
+
+def _to_rollout(raw: RawRun, eos_token_id: int, options: ParseOptions) -> Rollout:
+    if raw.body is None:
+        rollout = Rollout.failed(raw.status, eos_token_id, error=raw.error)
+    else:
+        rollout = parse_agent_response(
+            raw.body,
+            eos_token_id,
+            on_drift=options.on_drift,
+            max_completion_length=options.max_completion_length,
+            decode=options.decode,
+        )
+    row_id, repeat, agent = raw.request.row.row_id, raw.request.repeat_index, raw.agent_name
+    forks = tuple(
+        attrs.evolve(fork, row_id=row_id, repeat_index=repeat, agent_name=agent)
+        for fork in rollout.forks
+    )
+    return attrs.evolve(rollout, forks=forks, row_id=row_id, repeat_index=repeat, agent_name=agent)

@@ -18,10 +18,9 @@ from pathlib import Path
 
 from nemogym_sdk.errors import ConfigError, RowError
 from nemogym_sdk.records import RolloutRequest, TaskRow
+from nemogym_sdk.wire import RESPONSES_CREATE_PARAMS, create_params
 
 __all__ = ["expand_groups", "load_rows", "read_rows"]
-
-RESPONSES_CREATE_PARAMS = "responses_create_params"
 
 StrPath = str | PathLike[str]
 
@@ -46,7 +45,7 @@ def read_rows(path: StrPath) -> list[TaskRow]:
                 raise RowError(f"not valid JSON: {exc}", name, number) from None
             if not isinstance(data, dict):
                 raise RowError(f"expected a JSON object, got {type(data).__name__}", name, number)
-            if not isinstance(data.get(RESPONSES_CREATE_PARAMS), dict):
+            if create_params(data) is None:
                 raise RowError(f"the row has no '{RESPONSES_CREATE_PARAMS}' object", name, number)
             rows.append(TaskRow(row_id=f"{name}:{number}", data=data, source=name, line=number))
     return rows

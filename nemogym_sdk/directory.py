@@ -25,6 +25,7 @@ import attrs
 import requests
 import yaml
 
+from nemogym_sdk._ready import poll_ready
 from nemogym_sdk.errors import (
     ConfigError,
     DataError,
@@ -35,14 +36,23 @@ from nemogym_sdk.errors import (
     UnknownAgentError,
 )
 from nemogym_sdk.hosts import base_url, routable_host, split_host_port
+from nemogym_sdk.wire import (
+    AGENTS,
+    ENVIRONMENT_SERVERS,
+    HOST,
+    MODELS,
+    NAME,
+    PORT,
+    RESOURCES,
+    RESOURCES_SERVER,
+    SERVER_TYPES,
+    decode_server_instance,
+)
 
 __all__ = ["AGENTS", "ENVIRONMENTS", "MODELS", "RESOURCES", "ServerDirectory", "ServerInfo"]
 
-AGENTS = "responses_api_agents"
-RESOURCES = "resources_servers"
-MODELS = "responses_api_models"
-ENVIRONMENTS = "environment_servers"
-SERVER_TYPES = (AGENTS, RESOURCES, MODELS, ENVIRONMENTS)
+ENVIRONMENTS = ENVIRONMENT_SERVERS
+"""The environment servers' type (``nemogym_sdk.wire.ENVIRONMENT_SERVERS``)."""
 DEFAULT_HEAD = "127.0.0.1:11000"
 
 _INTERPOLATION = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
@@ -200,8 +210,8 @@ class ServerDirectory:
     def resources_server_of(self, agent: str) -> str | None:
         """The resources server an agent's config refers to, if the config says."""
         info = self._servers.get(agent)
-        ref = info.config.get("resources_server") if info is not None else None
-        name = ref.get("name") if isinstance(ref, Mapping) else None
+        ref = info.config.get(RESOURCES_SERVER) if info is not None else None
+        name = ref.get(NAME) if isinstance(ref, Mapping) else None
         return name if isinstance(name, str) else None
 
     def __repr__(self) -> str:
@@ -226,23 +236,8 @@ class ServerDirectory:
         if missing:
             raise ConfigError(f"unknown servers {missing}; known servers: {self._names()}")
         http = session or requests.Session()
-        deadline = time.monotonic() + timeout
-        pending = {n: "not checked yet" for n in wanted}
-        while True:
-            for name in list(pending):
-                url = self._servers[name].url
-                try:
-                    response = http.get(f"{url}/", timeout=min(2.0, timeout))
-                except requests.RequestException as exc:
-                    pending[name] = f"{url}: {type(exc).__name__}"
-                    continue
-                if 200 <= response.status_code < 300:
-                    del pending[name]
-                else:
-                    pending[name] = f"{url}: HTTP {response.status_code}"
-            if not pending or time.monotonic() >= deadline:
-                break
-            time.sleep(interval)
+        urls = {name: f"{self._servers[name].url}/" for name in wanted}
+        pending = poll_ready(urls, timeout=timeout, interval=interval, session=http)
         if pending:
             detail = "; ".join(f"{name} ({why})" for name, why in pending.items())
             raise NotReadyError(f"servers not ready after {timeout:g} s: {detail}")
@@ -376,17 +371,14 @@ def _servers_from(
     global config, falling back to the instance entry."""
     blocks = _server_blocks(config)
     addresses: dict[str, tuple[Any, Any]] = {
-        name: (server_config.get("host", "127.0.0.1"), server_config.get("port"))
+        name: (server_config.get(HOST, "127.0.0.1"), server_config.get(PORT))
         for name, (_, _, server_config) in blocks.items()
     }
     for entry in instances:
-        if not isinstance(entry, Mapping):
-            continue
-        name = entry.get("process_name") or entry.get("config_path")
-        host, port = entry.get("host"), entry.get("port")
-        if isinstance(name, str) and isinstance(host, str) and isinstance(port, int):
-            addresses[name] = (host, port)
-            blocks.setdefault(name, (str(entry.get("server_type")), str(entry.get("name")), {}))
+        instance = decode_server_instance(entry)
+        if instance is not None:
+            addresses[instance.name] = (instance.host, instance.port)
+            blocks.setdefault(instance.name, (instance.server_type, instance.implementation, {}))
     return [
         ServerInfo(
             name=name,

@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 
 from nemogym_sdk.errors import ConfigError
+from nemogym_sdk.wire import sampling_overrides
 
 __all__ = ["RetryPolicy", "SamplingParams", "Timeouts"]
 
@@ -38,10 +39,19 @@ class Timeouts:
 
 @attrs.frozen(kw_only=True)
 class RetryPolicy:
-    """Capped exponential backoff with full jitter, on connection errors, 429 and 5xx only.
+    """Capped exponential backoff with full jitter, on connection errors, 429 and 5xx only
+    (and, when ``retry_timeouts`` opts in, on attempts that hit the per-request deadline).
 
     The delay before retry ``n`` (1-based) is uniform in ``[0, min(max_delay, base_delay *
     2**(n-1))]``; a ``Retry-After`` header, when present, sets a floor (still capped).
+
+    Why a stalled request is final by default: an attempt that timed out on our side may
+    still be running on the server. A ``/run`` keeps playing its episode (sampling from
+    the policy model, calling tools, holding environment state) after we stop waiting,
+    so retrying it doubles the load on an already slow deployment, and an environment
+    with side effects may apply them twice. Opt in when episodes are idempotent and a
+    stall is more likely a lost connection than an overloaded server. A retry never
+    outlives the batch deadline (``Timeouts.total``).
     """
 
     max_attempts: int = 4
@@ -50,12 +60,19 @@ class RetryPolicy:
     """Backoff scale in seconds."""
     max_delay: float = 10.0
     """Cap on one backoff delay in seconds."""
+    retry_timeouts: bool = False
+    """Also retry an attempt that got no complete answer within ``Timeouts.request``
+    (off by default: see above)."""
 
     def __attrs_post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ConfigError(f"max_attempts must be >= 1, got {self.max_attempts}")
         if self.base_delay < 0 or self.max_delay < 0:
             raise ConfigError("retry delays must be >= 0")
+
+    def retryable_timeout(self) -> bool:
+        """Whether an attempt that hit the per-request deadline is retried."""
+        return self.retry_timeouts
 
     @staticmethod
     def retryable_status(status: int) -> bool:
@@ -90,8 +107,4 @@ class SamplingParams:
 
     def overrides(self) -> Mapping[str, float | int | None]:
         """The values as ``responses_create_params`` keys (None means "keep the row's")."""
-        return {
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "max_output_tokens": self.max_output_tokens,
-        }
+        return sampling_overrides(self.temperature, self.top_p, self.max_output_tokens)

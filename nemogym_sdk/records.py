@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
 import numpy.typing as npt
+
+from nemogym_sdk.wire import agent_name
 
 if TYPE_CHECKING:
     import torch
@@ -31,6 +33,7 @@ __all__ = [
     "Batch",
     "DriftPolicy",
     "DriftReport",
+    "ParseOptions",
     "Rollout",
     "RolloutRequest",
     "RolloutStatus",
@@ -113,6 +116,18 @@ def _float_dict(value: Mapping[str, float]) -> dict[str, float]:
 
 
 _array_eq = attrs.cmp_using(eq=np.array_equal)
+
+
+def _frozen_view(value: Any) -> npt.NDArray[Any]:
+    """``value`` as a read-only array: a read-only view of an array (the caller's own
+    array stays writable; no copy), a new read-only array of anything else."""
+    array = value.view() if isinstance(value, np.ndarray) else np.asarray(value)
+    array.setflags(write=False)
+    return array
+
+
+def _frozen_views(value: Mapping[str, Any]) -> dict[str, npt.NDArray[Any]]:
+    return {str(k): _frozen_view(v) for k, v in value.items()}
 
 
 @attrs.frozen(kw_only=True)
@@ -267,9 +282,20 @@ class TaskRow:
     @property
     def agent_name(self) -> str | None:
         """``agent_ref.name`` of the row, if it names an agent."""
-        ref = self.data.get("agent_ref")
-        name = ref.get("name") if isinstance(ref, Mapping) else None
-        return name if isinstance(name, str) and name else None
+        return agent_name(self.data)
+
+
+@attrs.frozen(kw_only=True)
+class ParseOptions:
+    """How ``/run`` results become rollouts: one record that travels from the caller
+    (``AgentClient.run``, ``stream``, ``run_sync``, ``to_rollout``) to the parser."""
+
+    on_drift: DriftPolicy | str = DriftPolicy.MARK
+    """What to do when a turn's prompt does not extend the history."""
+    max_completion_length: int | None = None
+    """Cut completions (ids, mask and logprobs together) to this many tokens."""
+    decode: Callable[[Sequence[int]], str] | None = attrs.field(default=None, eq=False)
+    """Optional ``ids -> text`` (e.g. ``tokenizer.decode``) for readable drift reports."""
 
 
 @attrs.frozen(kw_only=True)
@@ -304,36 +330,37 @@ class Batch:
     right-padded to ``T``. Build one with ``nemogym_sdk.collate``.
 
     Masks come from recorded lengths, never from comparing ids with the pad id (the pad
-    id may equal the eos id).
+    id may equal the eos id). Every array is read-only, like ``Rollout``'s (arrays
+    passed in are wrapped in read-only views, not copied).
     """
 
-    prompt_ids: npt.NDArray[np.int64]
+    prompt_ids: npt.NDArray[np.int64] = attrs.field(converter=_frozen_view)
     """``[B, P]`` prompt ids, left-padded with the pad id."""
-    prompt_mask: npt.NDArray[np.int8]
+    prompt_mask: npt.NDArray[np.int8] = attrs.field(converter=_frozen_view)
     """``[B, P]`` 1 on real prompt tokens, 0 on padding."""
-    completion_ids: npt.NDArray[np.int64]
+    completion_ids: npt.NDArray[np.int64] = attrs.field(converter=_frozen_view)
     """``[B, T]`` completion ids, right-padded with the pad id."""
-    completion_mask: npt.NDArray[np.int8]
+    completion_mask: npt.NDArray[np.int8] = attrs.field(converter=_frozen_view)
     """``[B, T]`` 1 on real completion tokens, 0 on padding."""
-    env_mask: npt.NDArray[np.int8]
+    env_mask: npt.NDArray[np.int8] = attrs.field(converter=_frozen_view)
     """``[B, T]`` 1 on policy tokens, 0 on environment tokens; padding is 1 (TRL's convention)."""
-    logprobs: npt.NDArray[np.float32]
+    logprobs: npt.NDArray[np.float32] = attrs.field(converter=_frozen_view)
     """``[B, T]`` sampling logprobs; 0.0 on environment tokens and padding."""
-    rewards: npt.NDArray[np.float32]
+    rewards: npt.NDArray[np.float32] = attrs.field(converter=_frozen_view)
     """``[B]`` rewards as reported (failed rollouts carry the seed's value, see ``ok``)."""
-    statuses: npt.NDArray[np.str_]
+    statuses: npt.NDArray[np.str_] = attrs.field(converter=_frozen_view)
     """``[B]`` ``RolloutStatus`` values as strings."""
-    truncated: npt.NDArray[np.bool_]
+    truncated: npt.NDArray[np.bool_] = attrs.field(converter=_frozen_view)
     """``[B]`` whether the completion was cut to ``max_completion_length``."""
-    num_turns: npt.NDArray[np.int64]
+    num_turns: npt.NDArray[np.int64] = attrs.field(converter=_frozen_view)
     """``[B]`` model turns per sample."""
-    episode_index: npt.NDArray[np.int64]
+    episode_index: npt.NDArray[np.int64] = attrs.field(converter=_frozen_view)
     """``[B]`` index of the input rollout each row came from (forks share it)."""
     row_ids: tuple[str | None, ...]
     """``[B]`` dataset row ids."""
-    repeat_indices: npt.NDArray[np.int64]
+    repeat_indices: npt.NDArray[np.int64] = attrs.field(converter=_frozen_view)
     """``[B]`` index within the row's group, -1 when unknown."""
-    reward_components: Mapping[str, npt.NDArray[np.float32]]
+    reward_components: Mapping[str, npt.NDArray[np.float32]] = attrs.field(converter=_frozen_views)
     """Per named reward term, a ``[B]`` array; NaN where a row does not report that term."""
 
     def __len__(self) -> int:
@@ -365,7 +392,8 @@ class Batch:
         out: dict[str, torch.Tensor] = {}
         for name, dtype in _TORCH_DTYPES.items():
             array = getattr(self, name)
-            out[name] = torch.from_numpy(np.ascontiguousarray(array)).to(
+            # a copy: torch cannot share a read-only array (it warns, and could write to it)
+            out[name] = torch.from_numpy(np.array(array, order="C")).to(
                 device=device, dtype=getattr(torch, dtype)
             )
         return out

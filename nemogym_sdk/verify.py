@@ -4,44 +4,60 @@
 row (environments that keep state key it by the session cookie this sets), then
 ``POST /verify`` with the row, its ``responses_create_params`` untouched (tools, system
 prompt, metadata), and a well-formed Responses-API ``response`` built from the
-completion, carrying the session cookie. Each completion has its own cookie jar.
+completion, carrying the session cookie. Each completion has its own cookie jar. It
+sends through the same retry/deadline/status path as ``AgentClient``.
 
 ``reward_nemo_gym_verify`` is the fixed-name reward function with the seed's behaviour
-(an unknown server or a failed call scores 0.0); use ``Verifier`` directly to tell
-failures from real zeros.
+(an unknown server or a failed call scores 0.0); it reuses one ``Verifier`` per
+deployment, and logs and counts (``verify_stats``) every completion it scores 0.0
+because it could not score it. Use ``Verifier`` directly to tell failures from real
+zeros.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import collections
 import json
-import math
+import logging
 import os
-import time
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
-from nemogym_sdk._aio import Attempt, Outcome, post_with_retries
-from nemogym_sdk._session import SessionOwner
+from nemogym_sdk._session import STATUS_OF, SessionOwner
 from nemogym_sdk.directory import DEFAULT_HEAD, ServerDirectory
 from nemogym_sdk.errors import DiscoveryError, NemoGymError
+from nemogym_sdk.hosts import base_url
 from nemogym_sdk.policy import RetryPolicy, Timeouts
 from nemogym_sdk.records import RolloutStatus
-from nemogym_sdk.wire import RESPONSES_CREATE_PARAMS, build_response, build_verify_body
+from nemogym_sdk.wire import (
+    NAME,
+    SEED_SESSION_ROUTE,
+    VERIFY_ROUTE,
+    build_response,
+    build_verify_body,
+    decode_verify_result,
+    row_tools,
+)
 
-__all__ = ["Verifier", "VerifyItem", "VerifyResult", "reward_nemo_gym_verify"]
+__all__ = [
+    "Verifier",
+    "VerifyItem",
+    "VerifyResult",
+    "VerifyStats",
+    "clear_verifier_cache",
+    "reward_nemo_gym_verify",
+    "verify_stats",
+]
+
+logger = logging.getLogger(__name__)
 
 HEAD_ENV_VAR = "NEMOGYM_HEAD_URL"
 """Where ``reward_nemo_gym_verify`` looks for the head server when not told."""
-
-_STATUS = {
-    Outcome.HTTP_ERROR: RolloutStatus.AGENT_ERROR,
-    Outcome.CONNECTION: RolloutStatus.TRANSPORT_ERROR,
-    Outcome.PROTOCOL: RolloutStatus.TRANSPORT_ERROR,
-    Outcome.TIMEOUT: RolloutStatus.TIMEOUT,
-}
 
 
 @attrs.frozen(kw_only=True)
@@ -75,32 +91,15 @@ class VerifyResult:
 
 
 def _verdict(body: bytes) -> VerifyResult:
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return VerifyResult(
-            status=RolloutStatus.INVALID, error=f"/verify returned non-JSON {body[:100]!r}"
-        )
-    reward = data.get("reward") if isinstance(data, dict) else None
-    if (
-        not isinstance(reward, (int, float))
-        or isinstance(reward, bool)
-        or not math.isfinite(reward)
-    ):
-        return VerifyResult(
-            status=RolloutStatus.INVALID, error="/verify returned no numeric reward"
-        )
-    components = data.get("reward_components")
+    answer = decode_verify_result(body)
+    if answer.invalid is not None:
+        return VerifyResult(status=RolloutStatus.INVALID, error=answer.invalid)
     return VerifyResult(
-        status=RolloutStatus.MASKED if data.get("mask_sample") is True else RolloutStatus.OK,
-        reward=float(reward),
-        reward_components={
-            str(k): float(v)
-            for k, v in (components.items() if isinstance(components, dict) else [])
-            if isinstance(v, (int, float)) and not isinstance(v, bool)
-        },
-        mask_sample=data.get("mask_sample") is True,
-        response=data,
+        status=RolloutStatus.MASKED if answer.mask_sample else RolloutStatus.OK,
+        reward=answer.reward,
+        reward_components=answer.reward_components,
+        mask_sample=answer.mask_sample,
+        response=answer.data,
     )
 
 
@@ -146,37 +145,15 @@ class Verifier(SessionOwner):
         self.model_name = model_name
         self.seed_session = seed_session
 
-    async def _post(
-        self,
-        url: str,
-        body: bytes,
-        cookies: Mapping[str, str],
-        deadline: float | None,
-        *,
-        want_cookies: bool = False,
-    ) -> Attempt:
-        return await post_with_retries(
-            self._bind(),
-            url,
-            body,
-            request_timeout=self.timeouts.request,
-            connect_timeout=self.timeouts.connect,
-            deadline=deadline,
-            retry=self.retry,
-            rng=self._rng,
-            cookies=cookies,
-            want_cookies=want_cookies,
-        )
-
     async def _one(self, item: VerifyItem, deadline: float | None) -> VerifyResult:
         try:
             base = self.directory.resources_url(item.resources_server)
         except DiscoveryError as exc:
             return VerifyResult(status=RolloutStatus.INVALID, error=str(exc))
-        params = item.row.get(RESPONSES_CREATE_PARAMS)
-        tools = params.get("tools", []) if isinstance(params, Mapping) else []
         try:
-            response = build_response(item.completion, model=self.model_name, tools=tools or [])
+            response = build_response(
+                item.completion, model=self.model_name, tools=row_tools(item.row)
+            )
             seed_body = json.dumps(dict(item.row)).encode()
             verify_body = json.dumps(build_verify_body(item.row, response)).encode()
         except (TypeError, ValueError, AttributeError) as exc:
@@ -184,22 +161,27 @@ class Verifier(SessionOwner):
         async with self._slot(base):
             cookies: dict[str, str] = {}
             if self.seed_session:
-                seeded = await self._post(
-                    f"{base}/seed_session", seed_body, cookies, deadline, want_cookies=True
+                seeded = await self._send(
+                    f"{base}{SEED_SESSION_ROUTE}",
+                    seed_body,
+                    deadline,
+                    cookies=cookies,
+                    want_cookies=True,
                 )
                 if not seeded.ok:
-                    return VerifyResult(status=_STATUS[seeded.outcome], error=seeded.error)
+                    return VerifyResult(status=STATUS_OF[seeded.outcome], error=seeded.error)
                 cookies.update(seeded.cookies)
-            answer = await self._post(f"{base}/verify", verify_body, cookies, deadline)
+            answer = await self._send(
+                f"{base}{VERIFY_ROUTE}", verify_body, deadline, cookies=cookies
+            )
         if not answer.ok:
-            return VerifyResult(status=_STATUS[answer.outcome], error=answer.error)
+            return VerifyResult(status=STATUS_OF[answer.outcome], error=answer.error)
         return _verdict(answer.body)
 
     async def verify(self, items: Sequence[VerifyItem]) -> list[VerifyResult]:
         """Score every item concurrently; results in input order, failures as results."""
         self._bind()
-        total = self.timeouts.total
-        deadline = None if total is None else time.monotonic() + total
+        deadline = self._deadline()
         return list(await asyncio.gather(*(self._one(item, deadline) for item in items)))
 
     def verify_sync(self, items: Sequence[VerifyItem]) -> list[VerifyResult]:
@@ -207,10 +189,82 @@ class Verifier(SessionOwner):
         return self._run_sync(self.verify(list(items)))
 
 
+@attrs.define
+class VerifyStats:
+    """What ``reward_nemo_gym_verify`` scored in this process (read ``verify_stats``).
+
+    ``unscored`` counts completions it returned 0.0 for because it could not score them
+    (unknown server, unreachable head, failed or malformed ``/verify``), as opposed to a
+    real reward of 0.0.
+    """
+
+    scored: int = 0
+    """Completions that got a reward from their resources server."""
+    unscored: int = 0
+    """Completions scored 0.0 because they could not be scored."""
+    unscored_by_status: dict[str, int] = attrs.field(factory=dict)
+    """``unscored`` split by ``RolloutStatus`` value."""
+    last_error: str | None = None
+    """Why the most recent unscored completion could not be scored."""
+    _lock: threading.Lock = attrs.field(factory=threading.Lock, repr=False, eq=False)
+
+    def record(self, results: Sequence[VerifyResult]) -> list[VerifyResult]:
+        """Count ``results``; return the ones that could not be scored."""
+        failed = [r for r in results if r.reward is None]
+        with self._lock:
+            self.scored += len(results) - len(failed)
+            self.unscored += len(failed)
+            for result in failed:
+                key = result.status.value
+                self.unscored_by_status[key] = self.unscored_by_status.get(key, 0) + 1
+                self.last_error = result.error
+        return failed
+
+    def reset(self) -> None:
+        """Start counting from zero."""
+        with self._lock:
+            self.scored = self.unscored = 0
+            self.unscored_by_status = {}
+            self.last_error = None
+
+
+verify_stats = VerifyStats()
+"""The counters of ``reward_nemo_gym_verify`` (process-wide)."""
+
+_CACHE_SIZE = 8
+_cache: collections.OrderedDict[Hashable, Verifier] = collections.OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def clear_verifier_cache() -> None:
+    """Close and forget the verifiers ``reward_nemo_gym_verify`` keeps per deployment."""
+    atexit.unregister(clear_verifier_cache)
+    with _cache_lock:
+        verifiers = list(_cache.values())
+        _cache.clear()
+    for verifier in verifiers:
+        verifier.close()
+
+
+def _deployment_key(kwargs: Mapping[str, Any]) -> tuple[Hashable, ...]:
+    """What identifies the deployment a call scores on (and the model name it writes)."""
+    model = str(kwargs.get("model_name", "policy"))
+    if kwargs.get("directory") is not None:
+        return ("directory", id(kwargs["directory"]), model)
+    if kwargs.get("servers") is not None:
+        servers = kwargs["servers"]
+        if not isinstance(servers, Mapping):
+            raise TypeError("servers must map resources server names to URLs")
+        return ("servers", tuple(sorted((str(k), str(v)) for k, v in servers.items())), model)
+    head = kwargs.get("head") or os.environ.get(HEAD_ENV_VAR) or DEFAULT_HEAD
+    return ("head", base_url(str(head), default_port=11000), model)
+
+
 def _servers_for(kwargs: Mapping[str, Any]) -> Mapping[str, str] | ServerDirectory:
     if kwargs.get("directory") is not None:
         directory = kwargs["directory"]
-        assert isinstance(directory, ServerDirectory)
+        if not isinstance(directory, ServerDirectory):
+            raise TypeError("directory must be a ServerDirectory")
         return directory
     if kwargs.get("servers") is not None:
         servers = kwargs["servers"]
@@ -218,6 +272,35 @@ def _servers_for(kwargs: Mapping[str, Any]) -> Mapping[str, str] | ServerDirecto
         return servers
     head = kwargs.get("head") or os.environ.get(HEAD_ENV_VAR) or DEFAULT_HEAD
     return ServerDirectory.from_head(str(head))
+
+
+def _verifier_for(kwargs: Mapping[str, Any]) -> tuple[tuple[Hashable, ...], Verifier]:
+    """The cached verifier of the call's deployment, discovering it on first use."""
+    key = _deployment_key(kwargs)
+    with _cache_lock:
+        verifier = _cache.get(key)
+        if verifier is not None:
+            _cache.move_to_end(key)
+            return key, verifier
+    verifier = Verifier(_servers_for(kwargs), model_name=str(key[-1]))
+    with _cache_lock:
+        raced = _cache.get(key)  # another thread built one meanwhile: use that one
+        if raced is None:
+            if not _cache:
+                atexit.register(clear_verifier_cache)  # close sessions before exit
+            _cache[key] = verifier
+        evicted = _cache.popitem(last=False)[1] if len(_cache) > _CACHE_SIZE else None
+    for extra in (evicted, verifier if raced is not None else None):
+        if extra is not None:
+            extra.close()
+    return key, raced or verifier
+
+
+def _forget(key: tuple[Hashable, ...], verifier: Verifier) -> None:
+    with _cache_lock:
+        if _cache.get(key) is verifier:
+            del _cache[key]
+    verifier.close()
 
 
 def reward_nemo_gym_verify(
@@ -233,22 +316,51 @@ def reward_nemo_gym_verify(
             ``head``: the head server (else ``$NEMOGYM_HEAD_URL``, else 127.0.0.1:11000).
         model_name: ``model`` of the built Responses object.
 
+    One ``Verifier`` (and one discovery) is kept per deployment and reused by later
+    calls; a head-discovered one is dropped and rediscovered after a transport error
+    (the deployment may have moved). ``clear_verifier_cache`` closes them.
+
     Returns one float per completion. As in the seed, an unknown server, a failed call or
-    an unreachable head gives 0.0 (use ``Verifier`` to tell failures from zeros).
+    an unreachable head gives 0.0; each such completion is counted in ``verify_stats``
+    and logged as a warning (use ``Verifier`` to tell failures from zeros).
     """
     refs = kwargs.get("resources_server_ref") or [{}] * len(completions)
     extras = kwargs.get("verify_extra") or [{}] * len(completions)
     if len(refs) != len(completions) or len(extras) != len(completions):
         raise ValueError("resources_server_ref and verify_extra need one entry per completion")
     try:
-        servers = _servers_for(kwargs)
-    except NemoGymError:
+        key, verifier = _verifier_for(kwargs)
+    except NemoGymError as exc:
+        results = [VerifyResult(status=RolloutStatus.TRANSPORT_ERROR, error=str(exc))] * len(
+            completions
+        )
+        _report(verify_stats.record(results), len(results))
         return [0.0] * len(completions)
     items = []
     for completion, ref, extra in zip(completions, refs, extras, strict=True):
-        name = ref.get("name") if isinstance(ref, Mapping) else None
+        name = ref.get(NAME) if isinstance(ref, Mapping) else None
         row = {k: v for k, v in (extra or {}).items() if v is not None}
         items.append(VerifyItem(resources_server=str(name), row=row, completion=completion or ""))
-    with Verifier(servers, model_name=str(kwargs.get("model_name", "policy"))) as verifier:
-        results = verifier.verify_sync(items)
+    results = verifier.verify_sync(items)
+    if key[0] == "head" and any(r.status is RolloutStatus.TRANSPORT_ERROR for r in results):
+        _forget(key, verifier)
+    _report(verify_stats.record(results), len(results))
     return [r.reward if r.reward is not None else 0.0 for r in results]
+
+
+def _report(failed: Sequence[VerifyResult], total: int) -> None:
+    if not failed:
+        return
+    reasons = collections.Counter(f"{r.status.value}: {r.error}" for r in failed)
+    detail = "; ".join(
+        f"{reason} (x{count})" if count > 1 else reason for reason, count in reasons.most_common(3)
+    )
+    more = f"; and {len(reasons) - 3} other reasons" if len(reasons) > 3 else ""
+    logger.warning(
+        "reward_nemo_gym_verify scored %d of %d completions 0.0 because it could not score "
+        "them: %s%s",
+        len(failed),
+        total,
+        detail,
+        more,
+    )

@@ -8,6 +8,13 @@ parsing spends its time, because every turn repeats the whole history in
 ``prompt_token_ids``.
 
 Decoding never raises on malformed input: problems are reported in ``RunResult.invalid``.
+
+The rest of NeMo Gym's names live here too, so no other module spells them: the server
+types (``AGENTS``, ``RESOURCES`` ..., shared by ``directory`` and ``gym``), the routes,
+the row fields (``agent_ref``, ``responses_create_params`` and its sampling keys), the
+``/run`` and ``/verify`` request bodies, ``/verify`` answers (``decode_verify_result``,
+with the same reward and ``reward_components`` rules as ``/run`` results) and the head
+server's ``/server_instances`` entries.
 """
 
 from __future__ import annotations
@@ -23,7 +30,35 @@ import numpy as np
 import numpy.typing as npt
 import simdjson
 
-__all__ = ["ModelTurn", "RunResult", "decode_run_result"]
+__all__ = [
+    "AGENTS",
+    "ENVIRONMENT_SERVERS",
+    "MODELS",
+    "RESOURCES",
+    "SERVER_TYPES",
+    "ModelTurn",
+    "RunResult",
+    "ServerInstance",
+    "VerifyAnswer",
+    "agent_name",
+    "decode_run_result",
+    "decode_server_instance",
+    "decode_verify_result",
+    "row_tools",
+]
+
+# Server types: the second-level keys of NeMo Gym's global config, also reported as
+# ``server_type`` by the head server's ``/server_instances``.
+AGENTS = "responses_api_agents"
+RESOURCES = "resources_servers"
+MODELS = "responses_api_models"
+ENVIRONMENT_SERVERS = "environment_servers"
+SERVER_TYPES = (AGENTS, RESOURCES, MODELS, ENVIRONMENT_SERVERS)
+
+# Routes.
+RUN_ROUTE = "/run"
+SEED_SESSION_ROUTE = "/seed_session"
+VERIFY_ROUTE = "/verify"
 
 # Field names of NeMo Gym's /run result.
 RESPONSE = "response"
@@ -343,10 +378,42 @@ def _turn_problem(number: int, turn: ModelTurn) -> str:
     return f"{where}: prompt_token_ids is empty"
 
 
-# --- request bodies ---------------------------------------------------------------------
+# --- rows and request bodies ------------------------------------------------------------
 
 RESPONSES_CREATE_PARAMS = "responses_create_params"
 AGENT_REF = "agent_ref"
+NAME = "name"
+TOOLS = "tools"
+TEMPERATURE = "temperature"
+TOP_P = "top_p"
+MAX_OUTPUT_TOKENS = "max_output_tokens"
+
+
+def agent_name(row: Mapping[str, Any]) -> str | None:
+    """``agent_ref.name`` of a row, when it names an agent."""
+    ref = row.get(AGENT_REF)
+    name = ref.get(NAME) if isinstance(ref, Mapping) else None
+    return name if isinstance(name, str) and name else None
+
+
+def create_params(row: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """A row's ``responses_create_params`` object, or None when it has none."""
+    params = row.get(RESPONSES_CREATE_PARAMS)
+    return params if isinstance(params, Mapping) else None
+
+
+def row_tools(row: Mapping[str, Any]) -> list[Any]:
+    """The tools a row offers the model (``responses_create_params.tools``), or ``[]``."""
+    params = create_params(row)
+    tools = params.get(TOOLS) if params is not None else None
+    return list(tools) if isinstance(tools, Sequence) and not isinstance(tools, str) else []
+
+
+def sampling_overrides(
+    temperature: float | None, top_p: float | None, max_output_tokens: int | None
+) -> dict[str, float | int | None]:
+    """Sampling parameters as ``responses_create_params`` keys (None: keep the row's)."""
+    return {TEMPERATURE: temperature, TOP_P: top_p, MAX_OUTPUT_TOKENS: max_output_tokens}
 
 
 def build_run_body(
@@ -385,8 +452,8 @@ def input_messages(row: Mapping[str, Any]) -> list[dict[str, str]]:
     outputs) are left out: this is the prompt as a trainer shows or samples it, while the
     row itself still travels whole to the agent.
     """
-    params = row.get(RESPONSES_CREATE_PARAMS)
-    raw = params.get(INPUT) if isinstance(params, Mapping) else None
+    params = create_params(row)
+    raw = params.get(INPUT) if params is not None else None
     if isinstance(raw, str):
         return [{ROLE: "user", CONTENT: raw}]
     messages = []
@@ -526,3 +593,88 @@ def build_verify_body(row: Mapping[str, Any], response: Mapping[str, Any]) -> di
     body = {k: v for k, v in row.items() if v is not None}
     body[RESPONSE] = dict(response)
     return body
+
+
+# --- /verify answers ----------------------------------------------------------------------
+
+
+class VerifyAnswer(NamedTuple):
+    """A decoded ``/verify`` answer."""
+
+    invalid: str | None = None
+    """Why the answer cannot be used (not JSON, no finite numeric reward), or None."""
+    reward: float | None = None
+    """``reward``; None when the answer is invalid."""
+    reward_components: dict[str, float] = {}  # noqa: RUF012 - never mutated
+    """Finite numeric entries of ``reward_components`` (as in ``/run`` results)."""
+    mask_sample: bool = False
+    """The environment asked to leave the sample out."""
+    data: Any = None
+    """The whole decoded answer."""
+
+
+def decode_verify_result(body: bytes | str) -> VerifyAnswer:
+    """Decode a ``/verify`` answer; never raises (problems are in ``invalid``).
+
+    The reward must be a finite number (not a bool); ``reward_components`` keeps its
+    finite numeric entries and drops the rest, exactly as ``decode_run_result`` does.
+    """
+    try:
+        data = json.loads(body)
+    except ValueError:
+        preview = body[:100]
+        return VerifyAnswer(invalid=f"/verify returned non-JSON {preview!r}")
+    if not isinstance(data, dict):
+        return VerifyAnswer(invalid="/verify returned no numeric reward", data=data)
+    reward = _reward(data.get(REWARD, None))
+    if reward is None:
+        return VerifyAnswer(invalid="/verify returned no numeric reward", data=data)
+    return VerifyAnswer(
+        reward=reward,
+        reward_components=_components(data.get(REWARD_COMPONENTS)),
+        mask_sample=data.get(MASK_SAMPLE) is True,
+        data=data,
+    )
+
+
+# --- the head server's /server_instances ---------------------------------------------------
+
+PROCESS_NAME = "process_name"
+RESOURCES_SERVER = "resources_server"
+"""An agent config's reference to its resources server (``{"type": ..., "name": ...}``)."""
+CONFIG_PATH = "config_path"
+HOST = "host"
+PORT = "port"
+SERVER_TYPE = "server_type"
+
+
+class ServerInstance(NamedTuple):
+    """One entry of the head server's ``/server_instances``."""
+
+    name: str
+    """Instance name (``process_name``, else ``config_path``)."""
+    server_type: str
+    """``server_type`` as reported."""
+    implementation: str
+    """``name``: the implementation directory."""
+    host: str
+    """``host`` it listens on (maybe a wildcard or loopback address)."""
+    port: int
+    """``port`` it listens on."""
+
+
+def decode_server_instance(entry: Any) -> ServerInstance | None:
+    """One ``/server_instances`` entry, or None when it lacks a name, host or port."""
+    if not isinstance(entry, Mapping):
+        return None
+    name = entry.get(PROCESS_NAME) or entry.get(CONFIG_PATH)
+    host, port = entry.get(HOST), entry.get(PORT)
+    if not (isinstance(name, str) and isinstance(host, str) and isinstance(port, int)):
+        return None
+    return ServerInstance(
+        name=name,
+        server_type=str(entry.get(SERVER_TYPE)),
+        implementation=str(entry.get(NAME)),
+        host=host,
+        port=port,
+    )

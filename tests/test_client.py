@@ -10,6 +10,7 @@ import pytest
 from nemogym_sdk import (
     AgentClient,
     ConfigError,
+    ParseOptions,
     RolloutStatus,
     SamplingParams,
     TaskRow,
@@ -206,3 +207,23 @@ def test_retry_after_accepts_seconds_and_http_dates(
     future = email.utils.formatdate(time.time() + 30, usegmt=True)
     in_future = _retry_after({"Retry-After": future})
     assert in_future is not None and 25 <= in_future <= 31
+
+
+def test_parse_options_travel_as_one_record() -> None:
+    """``parse_options`` gives the same rollouts as the loose keywords it replaces, on every
+    path (run_sync, to_rollout); passing both is a ConfigError before anything is sent."""
+    options = ParseOptions(max_completion_length=1)
+    with agent_server() as agent, AgentClient({"a": agent.url}) as client:
+        by_record = client.run_sync([_row(0)], eos_token_id=2, parse_options=options)
+        by_keyword = client.run_sync([_row(0)], eos_token_id=2, max_completion_length=1)
+        (raw,) = client.run_raw_sync([_row(0)])
+        with pytest.raises(ConfigError, match="not both"):
+            client.run_sync(
+                [_row(0)], eos_token_id=2, parse_options=options, max_completion_length=4
+            )
+        sent = len(agent.bodies)
+    (rollout,) = by_record
+    assert rollout.truncated and len(rollout.completion_ids) == 1
+    assert rollout == by_keyword[0]
+    assert AgentClient.to_rollout(raw, 2, parse_options=options) == rollout
+    assert sent == 3

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
 
 import numpy as np
 import pytest
@@ -27,7 +28,11 @@ from nemogym_sdk import (
     Timeouts,
     Verifier,
     VerifyItem,
+    clear_verifier_cache,
+    reward_nemo_gym_verify,
+    verify_stats,
 )
+from tests.axolotl.fakes import head_server
 from tests.fault_agent import (
     HTTP_STATUS,
     RETRYABLE,
@@ -605,3 +610,130 @@ def test_fault_script_applies_faults_in_attempt_order() -> None:
     assert script.permanent and not burst(Fault.HTTP_500, 3).permanent
     with fault_agent({"t0": script}) as agent:
         assert isinstance(agent, FaultAgent) and agent.url.startswith("http://127.0.0.1:")
+
+
+# --- opt-in retries of stalled attempts -------------------------------------------------------
+
+
+def test_a_stall_is_final_by_default() -> None:
+    """Without ``retry_timeouts`` a stalled /run is one attempt and a TIMEOUT, even when
+    the next attempt would have succeeded."""
+    with (
+        fault_agent({"t0": burst(Fault.STALL, 1)}, stall_s=5.0) as agent,
+        AgentClient({"a": agent.url}, retry=FAST_RETRY, timeouts=Timeouts(request=0.4)) as client,
+    ):
+        (rollout,) = client.run_sync(_rows(1), eos_token_id=EOS)
+    assert rollout.status is RolloutStatus.TIMEOUT
+    assert agent.attempts("t0") == 1
+
+
+def test_retry_timeouts_retries_a_stalled_run_to_success() -> None:
+    """With ``RetryPolicy(retry_timeouts=True)`` a stalled attempt is retried and the row's
+    rollout comes back OK from the second attempt."""
+    retry = RetryPolicy(max_attempts=3, base_delay=0.001, max_delay=0.01, retry_timeouts=True)
+    with (
+        fault_agent({"t0": burst(Fault.STALL, 1)}, stall_s=5.0) as agent,
+        AgentClient({"a": agent.url}, retry=retry, timeouts=Timeouts(request=0.4)) as client,
+    ):
+        (raw,) = client.run_raw_sync(_rows(1))
+    assert raw.status is RolloutStatus.OK and raw.attempts == 2
+    assert agent.attempts("t0") == 2
+    _assert_matches_row(AgentClient.to_rollout(raw, EOS))
+
+
+def test_retried_stalls_still_end_as_timeout_after_max_attempts() -> None:
+    """A server that always stalls gets exactly ``max_attempts`` attempts, then TIMEOUT."""
+    retry = RetryPolicy(max_attempts=2, base_delay=0.001, max_delay=0.01, retry_timeouts=True)
+    with (
+        fault_agent({"t0": always(Fault.STALL)}, stall_s=5.0) as agent,
+        AgentClient({"a": agent.url}, retry=retry, timeouts=Timeouts(request=0.3)) as client,
+    ):
+        (raw,) = client.run_raw_sync(_rows(1))
+    assert raw.status is RolloutStatus.TIMEOUT and raw.attempts == 2
+    assert agent.attempts("t0") == 2
+
+
+def test_verifier_sends_through_the_same_retry_path() -> None:
+    """The verifier's /verify honours the same policy: a stall is retried when opted in."""
+    retry = RetryPolicy(max_attempts=3, base_delay=0.001, max_delay=0.01, retry_timeouts=True)
+    with (
+        fault_resources_server(verify_plan={"t0": burst(Fault.STALL, 1)}) as server,
+        Verifier({"rs": server.url}, retry=retry, timeouts=Timeouts(request=0.4)) as verifier,
+    ):
+        (result,) = verifier.verify_sync(_items(1))
+    assert result.status is RolloutStatus.OK
+    assert result.reward == pytest.approx(expected_reward("t0"))
+    assert server.attempts("t0", "/verify") == 2
+
+
+# --- reward_nemo_gym_verify: one verifier per deployment, unscored samples counted ----------
+
+
+@pytest.fixture
+def fresh_reward_cache() -> Iterator[None]:
+    """A clean verifier cache and counters, closed again afterwards."""
+    clear_verifier_cache()
+    verify_stats.reset()
+    yield
+    clear_verifier_cache()
+    verify_stats.reset()
+
+
+def _trl_columns(rows: list[dict[str, object]], server: str = "rs") -> dict[str, object]:
+    return {
+        "resources_server_ref": [{"name": server}] * len(rows),
+        "verify_extra": rows,
+    }
+
+
+@pytest.mark.usefixtures("fresh_reward_cache")
+def test_reward_nemo_gym_verify_discovers_once_and_reuses_its_verifier() -> None:
+    """Two calls against one head server ask it for the deployment once, not per call."""
+    with (
+        fault_resources_server() as server,
+        head_server({}, {"rs": server.url}) as head,
+    ):
+        rows = [fault_row(i) for i in range(3)]
+        first = reward_nemo_gym_verify(["a"] * 3, head=head.url, **_trl_columns(rows))
+        second = reward_nemo_gym_verify(["b"] * 3, head=head.url, **_trl_columns(rows))
+        assert head.calls("/server_instances") == 1
+        assert head.calls("/global_config_dict_yaml") == 1
+    expected = [pytest.approx(expected_reward(f"t{i}")) for i in range(3)]
+    assert first == expected and second == expected
+    assert verify_stats.scored == 6 and verify_stats.unscored == 0
+
+
+@pytest.mark.usefixtures("fresh_reward_cache")
+def test_reward_nemo_gym_verify_logs_and_counts_what_it_cannot_score(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A failed /verify and an unknown server score 0.0, and each is counted by status
+    and reported in one warning; a real score is not counted as unscored."""
+    rows = [fault_row(i) for i in range(3)]
+    refs = [{"name": "rs"}, {"name": "rs"}, {"name": "nowhere"}]
+    with (
+        fault_resources_server(verify_plan={"t1": always(Fault.HTTP_422)}) as server,
+        caplog.at_level(logging.WARNING, logger="nemogym_sdk.verify"),
+    ):
+        rewards = reward_nemo_gym_verify(
+            ["x"] * 3, servers={"rs": server.url}, resources_server_ref=refs, verify_extra=rows
+        )
+    assert rewards == [pytest.approx(expected_reward("t0")), 0.0, 0.0]
+    assert verify_stats.scored == 1 and verify_stats.unscored == 2
+    assert verify_stats.unscored_by_status == {"agent_error": 1, "invalid": 1}
+    (record,) = [r for r in caplog.records if r.name == "nemogym_sdk.verify"]
+    assert record.levelno == logging.WARNING
+    assert "2 of 3" in record.getMessage() and "nowhere" in record.getMessage()
+
+
+@pytest.mark.usefixtures("fresh_reward_cache")
+def test_reward_nemo_gym_verify_counts_an_unreachable_head(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No head server: every completion scores 0.0, counted as a transport error."""
+    with caplog.at_level(logging.WARNING, logger="nemogym_sdk.verify"):
+        rewards = reward_nemo_gym_verify(["x", "y"], head="127.0.0.1:9")
+    assert rewards == [0.0, 0.0]
+    assert verify_stats.unscored_by_status == {"transport_error": 2}
+    assert "127.0.0.1:9" in (verify_stats.last_error or "")
+    assert any("could not score" in r.getMessage() for r in caplog.records)

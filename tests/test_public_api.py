@@ -129,3 +129,16 @@ def test_training_io_and_launch_layers_load_no_heavy_framework() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_deployment_and_failure_policy_additions_are_exported() -> None:
+    """Issue 9's additions: the parse-options record (eager) and the reward function's
+    counters and cache (lazy, with the network layer)."""
+    from nemogym_sdk import records, verify
+
+    assert nemogym_sdk.ParseOptions is records.ParseOptions
+    assert nemogym_sdk.verify_stats is verify.verify_stats
+    assert nemogym_sdk.VerifyStats is verify.VerifyStats
+    assert nemogym_sdk.clear_verifier_cache is verify.clear_verifier_cache
+    assert "retry_timeouts" in {f.name for f in __import__("attrs").fields(nemogym_sdk.RetryPolicy)}
+    assert not nemogym_sdk.RetryPolicy().retry_timeouts

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 
 import attrs
+import numpy as np
 import pytest
 
 import nemogym_sdk as ng
@@ -106,3 +107,46 @@ def test_errors_pickle_with_context(error: Exception) -> None:
 def test_unknown_agent_message_reads_as_a_sentence() -> None:
     """UnknownAgentError is a KeyError without KeyError's quoting."""
     assert str(errors.UnknownAgentError("no agent named 'x'")) == "no agent named 'x'"
+
+
+def _batch() -> ng.Batch:
+    rollouts = [
+        ng.Rollout(
+            prompt_ids=[1, 2],
+            completion_ids=[3, 4],
+            env_mask=[1, 0],
+            logprobs=[-0.5, 0.0],
+            reward=1.0,
+            num_turns=1,
+            reward_components={"a": 1.0},
+        ),
+        ng.Rollout.failed(ng.RolloutStatus.TIMEOUT, 2, error="slow"),
+    ]
+    return ng.collate(rollouts, pad_token_id=0)
+
+
+def test_batch_arrays_are_read_only_like_rollouts() -> None:
+    """Every array of a Batch, reward components included, refuses writes."""
+    batch = _batch()
+    arrays = {
+        field.name: getattr(batch, field.name)
+        for field in attrs.fields(ng.Batch)
+        if isinstance(getattr(batch, field.name), np.ndarray)
+    }
+    assert len(arrays) == 12
+    arrays.update({f"reward_components[{k}]": v for k, v in batch.reward_components.items()})
+    for name, array in arrays.items():
+        assert not array.flags.writeable, name
+        with pytest.raises(ValueError, match="read-only"):
+            array[...] = 0
+    assert pickle.loads(pickle.dumps(batch)).rewards.tolist() == batch.rewards.tolist()
+
+
+def test_batch_wraps_callers_arrays_without_freezing_them() -> None:
+    """Arrays handed to Batch are wrapped in read-only views; the caller's stay writable."""
+    batch = _batch()
+    mine = np.array(batch.rewards)
+    again = attrs.evolve(batch, rewards=mine)
+    assert not again.rewards.flags.writeable and mine.flags.writeable
+    mine[0] = 7.0
+    assert again.rewards[0] == 7.0  # a view, not a copy

@@ -28,7 +28,13 @@ from nemogym_sdk.gym.catalog import (
     describe_environment,
 )
 from nemogym_sdk.gym.config import build_stack_config, free_loopback_ports
-from nemogym_sdk.gym.errors import GymVenvNotFoundError, ServerNotReadyError, ServerStartError
+from nemogym_sdk.gym.errors import (
+    GymVenvNotFoundError,
+    RequirementsInstallError,
+    ServerNotReadyError,
+    ServerStartError,
+    UvNotFoundError,
+)
 from nemogym_sdk.gym.locate import (
     GYM_VENV_ENV_VAR,
     SDK_ENVS_DIR,
@@ -37,6 +43,15 @@ from nemogym_sdk.gym.locate import (
     default_gym_venv_path,
     find_gym_venv,
     locate_environment,
+)
+from nemogym_sdk.gym.requirements import (
+    REQUIREMENTS_CACHE_ENV_VAR,
+    ServerEnvironment,
+    ServerRequirements,
+    default_requirements_cache,
+    find_uv,
+    prepare_server_environment,
+    read_server_requirements,
 )
 from nemogym_sdk.gym.specs import EnvironmentSetup, PolicyModel, ServerSpec, StackConfig
 from nemogym_sdk.gym.stack import HEAD_SERVER_NAME, GymStack
@@ -61,23 +76,32 @@ __all__ = [
     "GymVenvNotFoundError",
     "HEAD_SERVER_NAME",
     "PolicyModel",
+    "REQUIREMENTS_CACHE_ENV_VAR",
+    "RequirementsInstallError",
     "SDK_ENVIRONMENTS",
     "SDK_ENVS_DIR",
+    "ServerEnvironment",
     "ServerNotReadyError",
+    "ServerRequirements",
     "ServerSpec",
     "ServerStartError",
     "StackConfig",
+    "UvNotFoundError",
     "VLLM_VENV_ENV_VAR",
     "VllmVenv",
     "VllmVenvNotFoundError",
     "build_stack_config",
     "default_gym_venv_path",
+    "default_requirements_cache",
     "default_vllm_venv_path",
     "describe_environment",
     "find_gym_venv",
+    "find_uv",
     "find_vllm_venv",
     "free_loopback_ports",
     "locate_environment",
+    "prepare_server_environment",
+    "read_server_requirements",
     "start_serve",
     "start_vllm",
 ]

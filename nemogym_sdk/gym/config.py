@@ -10,15 +10,20 @@ What :func:`build_stack_config` does with an environment's shipped
 ``nemogym_sdk/gym/envs/<env>`` for environments shipped with the SDK; see
 :func:`~nemogym_sdk.gym.locate.locate_environment`):
 
-* keeps its resources server, agent and model server instances verbatim;
+* keeps its resources server and agent instances verbatim;
 * drops its ``environment_servers`` instances: in 0.7.0 they only front the agent for
   ``gym eval run`` (posting to the agent's ``/run`` gives the same result), and the
   ``legacy_agent`` relay does not declare ``ray_enabled``, so started on its own it
   would start a Ray cluster of its own;
 * adds one ``vllm_model`` instance (``policy_model`` by default, the name the shipped
   agents refer to) configured for training from a :class:`PolicyModel`;
+* starts every other model server the environment needs (judges, user simulators,
+  reward models: see :func:`wire_model_dependencies`) as a ``vllm_model`` on the judge
+  endpoint (:func:`judge_server_block`), replacing the ones it declares;
+* keeps the environment's top-level variables (``judge_base_url: null`` ...) as globals;
 * fills the global keys a server reads at start-up (``head_server``, ``dry_run``, the
-  ``policy_*`` keys the shipped model configs interpolate, ``results_dir``/``cache_dir``);
+  ``policy_*`` and ``judge_*`` keys the shipped model configs interpolate,
+  ``results_dir``/``cache_dir``);
 * deep-merges caller ``overrides``, then pins every server without a host/port to
   127.0.0.1 and a free port, then checks that every server reference points at an
   instance of the right type.
@@ -36,6 +41,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import yaml
 
 from nemogym_sdk.errors import ConfigError
@@ -65,14 +71,38 @@ _UNSUPPORTED_KEYS = ("_inherit_from", "_copy", "_delete_key")
 _UNSUPPORTED_INTERPOLATIONS = ("${inherit_from:", "${copy:")
 
 __all__ = [
+    "JUDGE_INSTANCE",
     "PORT_RANGE",
+    "WIRABLE_MODEL_IMPLS",
     "build_stack_config",
+    "judge_server_block",
     "dataset_paths",
     "environment_config_path",
     "free_loopback_ports",
     "load_environment_config",
+    "wire_model_dependencies",
 ]
 
+
+JUDGE_INSTANCE = "judge_model"
+"""Model server the stack adds, with an explicit ``judge``, for environments whose judge is
+``policy_model`` (``equivalence_llm_judge``, ``multichallenge`` ...); the name NeMo Gym's
+own configs give a separate judge."""
+
+WIRABLE_MODEL_IMPLS: frozenset[str] = frozenset(
+    {
+        "azure_openai_model",
+        "inference_provider",
+        "litellm_model",
+        "local_vllm_model",
+        "openai_model",
+        "vllm_model",
+    }
+)
+"""Model server implementations an environment may declare that the stack replaces with a
+``vllm_model`` on the judge endpoint: each only forwards to some OpenAI-compatible model.
+Others (``genrm_model``'s pairwise roles, ``switchyard_model``'s router,
+``vllm_model_with_compaction`` ...) speak more than that and are refused."""
 
 PORT_RANGE = (10001, 20000)
 """Where ports are picked: NeMo Gym's own default range, below Linux's ephemeral ports
@@ -109,29 +139,65 @@ def environment_config_path(venv: GymVenv, environment: str) -> Path:
 
 
 def load_environment_config(venv: GymVenv, environment: str) -> dict[str, Any]:
-    """Read an environment's shipped config; ``ConfigError`` if it is absent or unusable."""
-    path = environment_config_path(venv, environment)
+    """Read an environment's shipped config; ``ConfigError`` if it is absent or unusable.
+
+    Configs it includes (``config_paths``, relative to the venv's site-packages, e.g. an
+    agent's own config) are merged first, each overridden by the config that includes it,
+    siblings in the order listed: NeMo Gym's precedence.
+    """
+    location = locate_environment(venv, environment)
+    path = location.config_path
     if not path.is_file():
+        variants = sorted(p.stem for p in location.directory.glob("configs/*.yaml"))
+        if variants:
+            raise ConfigError(
+                f"environment {environment!r} has no config {path.name}; pick one of its "
+                f"configs as '{location.directory.name}:<config>': {', '.join(variants)}"
+            )
         known = sorted(
-            {
-                p.parent.parent.name
-                for p in venv.site_packages.glob(f"{RESOURCES}/*/configs/*.yaml")
-                if p.stem == p.parent.parent.name
-            }.union(sdk_environment_names())
+            {p.parent.parent.name for p in venv.site_packages.glob(f"{RESOURCES}/*/configs/*.yaml")}
+            | set(sdk_environment_names())
         )
         close = difflib.get_close_matches(environment, known, n=3)
         hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
         raise ConfigError(
             f"unknown NeMo Gym environment {environment!r}: {path} does not exist "
-            f"({len(known)} environments ship a config of their own name{hint})"
+            f"({len(known)} environments ship configs{hint})"
         )
+    roots = (location.root, venv.site_packages)
+    loaded = _load_with_includes(path, roots, ())
+    # ``simulator_model: {_copy: policy_model}`` (a second model server that copies the
+    # policy's) is a model dependency build_stack_config wires; other directives are refused.
+    _reject_directives({k: v for k, v in loaded.items() if not _is_copy(v)}, str(path))
+    return loaded
+
+
+def _load_with_includes(
+    path: Path, roots: tuple[Path, ...], chain: tuple[Path, ...]
+) -> dict[str, Any]:
+    """``path``'s YAML with its ``config_paths`` merged in under it (recursively).
+
+    A relative include is looked up under each of ``roots`` in turn.
+    """
+    if path in chain:
+        cycle = " -> ".join(str(p) for p in (*chain, path))
+        raise ConfigError(f"config_paths include themselves: {cycle}")
+    if not path.is_file():
+        raise ConfigError(f"{chain[-1] if chain else path}: included config {path} does not exist")
     loaded = yaml.safe_load(path.read_text())
     if not isinstance(loaded, dict):
         raise ConfigError(f"{path} is not a YAML mapping")
-    if "config_paths" in loaded:
-        raise ConfigError(f"{path} includes other configs (config_paths), which is not supported")
-    _reject_directives(loaded, str(path))
-    return loaded
+    includes = loaded.pop("config_paths", None) or []
+    if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
+        raise ConfigError(f"{path}: config_paths must be a list of paths, got {includes!r}")
+    merged: dict[str, Any] = {}
+    for include in includes:
+        candidates = (
+            [Path(include)] if Path(include).is_absolute() else [r / include for r in roots]
+        )
+        included = next((c for c in candidates if c.is_file()), candidates[0])
+        merged = _deep_merge(merged, _load_with_includes(included, roots, (*chain, path)))
+    return _deep_merge(merged, loaded)
 
 
 def build_stack_config(
@@ -139,6 +205,7 @@ def build_stack_config(
     environments: Sequence[str],
     model: PolicyModel,
     *,
+    judge: PolicyModel | None = None,
     workdir: Path | None = None,
     default_max_steps: int | None = None,
     overrides: Mapping[str, Any] | None = None,
@@ -146,14 +213,15 @@ def build_stack_config(
 ) -> StackConfig:
     """Resolve the global config that runs ``environments`` against ``model``.
 
-    ``default_max_steps`` is written into agents whose config has no ``max_steps``
-    (``simple_agent`` is unbounded by default). ``overrides`` is deep-merged into the
-    result last (e.g. ``{"blackjack_gymnasium_agent": {"responses_api_agents":
+    ``judge`` is the OpenAI-compatible endpoint every other model server the environments
+    need is pointed at (see :func:`wire_model_dependencies`); ``None`` means the policy's
+    own backend. ``default_max_steps`` is written into agents whose config has no
+    ``max_steps`` (``simple_agent`` is unbounded by default). ``overrides`` is deep-merged
+    into the result last (e.g. ``{"blackjack_gymnasium_agent": {"responses_api_agents":
     {"gymnasium_agent": {"max_steps": 2}}}}``). ``workdir`` receives NeMo Gym's
     ``results_dir`` and ``cache_dir``. ``allocate_ports(n)`` returns ``n`` ports, one
     for each server (and the head server) whose port ``overrides`` did not pin.
-    Overrides may also add server instances (a judge model, say), which are started
-    with the rest.
+    Overrides may also add server instances, which are started with the rest.
     """
     if not environments:
         raise ConfigError("at least one environment is required")
@@ -162,6 +230,8 @@ def build_stack_config(
 
     config: dict[str, Any] = {}
     owner: dict[str, str | None] = {}
+    variables: dict[str, tuple[str, Any]] = {}
+    declared_models: dict[str, str] = {}
     partial: list[tuple[EnvironmentLocation, list[str]]] = []
     for environment in environments:
         location = locate_environment(venv, environment)
@@ -169,12 +239,24 @@ def build_stack_config(
         dropped: list[str] = []
         for instance, block in shipped.items():
             server_type = _server_type(block)
+            if server_type is None and _is_copy(block):
+                source = block["_copy"]
+                if source != model.instance_name and _server_type(shipped.get(source)) != MODELS:
+                    raise ConfigError(
+                        f"{environment}: {instance!r} copies {source!r} (_copy), which is not "
+                        "a model server; only copies of model servers are supported"
+                    )
+                declared_models[instance] = f"copy of {source}"
+                continue
             if server_type is None:
-                raise ConfigError(
-                    f"{environment}: top-level key {instance!r} is not a server instance"
-                )
+                _add_variable(variables, environment, instance, block)
+                continue
             if server_type not in _KEPT_TYPES:
                 dropped.append(instance)
+                continue
+            if server_type == MODELS and instance != model.instance_name:
+                # Replaced by the judge block below; shared by every environment naming it.
+                declared_models[instance] = _declared_model(environment, instance, block)
                 continue
             if instance in config:
                 raise ConfigError(
@@ -190,6 +272,12 @@ def build_stack_config(
             f"{owner[model.instance_name]!r} already defines {model.instance_name!r}; "
             "give the PolicyModel another instance_name"
         )
+    judge_block = judge_server_block(judge if judge is not None else model)
+    for instance in wire_model_dependencies(
+        config, model.instance_name, declared_models, rename_policy=judge is not None
+    ):
+        config[instance] = {MODELS: {"vllm_model": copy.deepcopy(judge_block)}}
+        owner[instance] = None
     config[model.instance_name] = {MODELS: {"vllm_model": model.server_block()}}
     owner[model.instance_name] = None
 
@@ -201,13 +289,21 @@ def build_stack_config(
             if server_type == AGENTS and inner.get("max_steps") is None:
                 inner["max_steps"] = default_max_steps
 
-    globals_: dict[str, Any] = {
-        "head_server": {"host": LOOPBACK},
-        "dry_run": False,
-        "policy_base_url": model.base_url,
-        "policy_api_key": model.api_key,
-        "policy_model_name": model.model,
-    }
+    effective_judge = judge if judge is not None else model
+    globals_: dict[str, Any] = {name: value for name, (_, value) in variables.items()}
+    globals_.update(
+        {
+            "head_server": {"host": LOOPBACK},
+            "dry_run": False,
+            "policy_base_url": model.base_url,
+            "policy_api_key": model.api_key,
+            "policy_model_name": model.model,
+            # What the shipped judge blocks interpolate (${judge_base_url} ...).
+            "judge_base_url": effective_judge.base_url,
+            "judge_api_key": effective_judge.api_key,
+            "judge_model_name": effective_judge.model,
+        }
+    )
     if workdir is not None:
         globals_["results_dir"] = str(workdir / "results")
         globals_["cache_dir"] = str(workdir / "cache")
@@ -227,6 +323,125 @@ def build_stack_config(
         head_host=str(head["host"]),
         head_port=int(head["port"]),
     )
+
+
+def judge_server_block(judge: PolicyModel) -> dict[str, Any]:
+    """The ``vllm_model`` block (without host and port) of a judge on ``judge``'s endpoint.
+
+    ``base_url``, ``api_key``, ``model``, ``uses_reasoning_parser`` and ``extra`` come from
+    ``judge``; token-id information is always off (nothing trains on a judge's tokens, and
+    it would cost a ``/tokenize`` call per verdict, which OpenAI's own API lacks).
+    ``vllm_model`` serves both APIs judges call (``/v1/responses``, translated to chat
+    completions, and ``/v1/chat/completions``) and needs only chat completions upstream.
+    """
+    plain = attrs.evolve(
+        judge, return_token_id_information=False, request_prompt_and_generation_token_ids=False
+    )
+    return plain.server_block()
+
+
+def wire_model_dependencies(
+    config: dict[str, Any],
+    policy_instance: str,
+    declared_models: Mapping[str, str],
+    *,
+    rename_policy: bool,
+) -> list[str]:
+    """Rewire the model servers the kept servers call besides the policy; return their names.
+
+    A *model dependency* is any ``{type: responses_api_models, name: ...}`` reference in a
+    resources server's block (``judge_model_server``, ``user_model_server``,
+    ``genrm_model_server``, ``retrieval_model_server`` ...) or in an agent's block other
+    than its own ``model_server``, plus every model instance an environment declares
+    (``declared_models``: instance -> implementation, e.g. ``judge_model: openai_model``).
+    Each such instance is returned, to be started as a ``vllm_model`` on the judge
+    endpoint: a declared block is replaced (its ``${judge_base_url}``-style settings with
+    it), an undeclared name (``simpleqa``'s ``genrm_model``) is added. References to the
+    policy instance are judges that share the policy: with ``rename_policy`` (an explicit
+    judge) they are rewritten, in ``config``, to :data:`JUDGE_INSTANCE`; otherwise they
+    stay on the policy's own server. An agent sampling from a declared model server is
+    refused: the stack serves agents only the policy.
+    """
+    needed = dict.fromkeys(declared_models)
+    for instance, block in config.items():
+        server_type, _, inner = _inner(instance, block)
+        if server_type == AGENTS:
+            ref: Any = inner.get("model_server")
+            name = str(ref["name"]) if _is_model_ref(ref) else ""
+            if name in declared_models:
+                raise ConfigError(
+                    f"agent {instance!r} samples from {name!r} (model_server), a "
+                    f"{declared_models[name]} server its environment declares; the "
+                    "stack serves agents only the policy: point model_server at "
+                    f"{policy_instance!r} in overrides"
+                )
+        for holder, key in _dependency_refs(inner, top=server_type == AGENTS):
+            name = str(holder[key]["name"])
+            if name == policy_instance:
+                if not rename_policy:
+                    continue
+                holder[key] = {"type": MODELS, "name": JUDGE_INSTANCE}
+                name = JUDGE_INSTANCE
+            needed.setdefault(name)
+    return list(needed)
+
+
+def _dependency_refs(node: Any, *, top: bool) -> Iterable[tuple[Any, Any]]:
+    """``(container, key or index)`` of each model reference below ``node``.
+
+    With ``top`` (an agent's block) its own ``model_server`` is the policy and is skipped.
+    """
+    if isinstance(node, dict):
+        items: Iterable[tuple[Any, Any]] = list(node.items())
+    elif isinstance(node, list):
+        items = list(enumerate(node))
+    else:
+        return
+    for key, value in items:
+        if _is_model_ref(value):
+            if not (top and key == "model_server"):
+                yield node, key
+        else:
+            yield from _dependency_refs(value, top=False)
+
+
+def _is_copy(node: Any) -> bool:
+    """``{_copy: <instance>}``: NeMo Gym's shorthand for a server configured like another."""
+    return isinstance(node, Mapping) and set(node) == {"_copy"} and isinstance(node["_copy"], str)
+
+
+def _is_model_ref(node: Any) -> bool:
+    return isinstance(node, Mapping) and set(node) == {"type", "name"} and node["type"] == MODELS
+
+
+def _declared_model(environment: str, instance: str, block: Mapping[str, Any]) -> str:
+    """The implementation of a model server an environment declares, if the stack can wire it."""
+    ((impl, _),) = block[MODELS].items()
+    if impl not in WIRABLE_MODEL_IMPLS:
+        raise ConfigError(
+            f"{environment}: model server {instance!r} is a {impl} server, which the stack "
+            "cannot point at an OpenAI-compatible judge endpoint (it can replace "
+            f"{', '.join(sorted(WIRABLE_MODEL_IMPLS))}); start it yourself and give it to "
+            f"the stack with overrides={{{instance!r}: ...}}"
+        )
+    return str(impl)
+
+
+def _add_variable(
+    variables: dict[str, tuple[str, Any]], environment: str, key: str, value: Any
+) -> None:
+    """Keep a top-level key that is not a server (``judge_base_url: null`` ...) as a global."""
+    if isinstance(value, Mapping) and len(value) == 1 and next(iter(value)) in _SERVER_TYPES:
+        raise ConfigError(
+            f"{environment}: top-level key {key!r} is not a server instance: expected "
+            "{<server_type>: {<impl>: {entrypoint: ..., ...}}}"
+        )
+    if key in variables and variables[key][1] != value:
+        raise ConfigError(
+            f"top-level key {key!r} is {variables[key][1]!r} in {variables[key][0]!r} but "
+            f"{value!r} in {environment!r}; set it with overrides"
+        )
+    variables[key] = (environment, copy.deepcopy(value))
 
 
 def _pin_addresses(config: dict[str, Any], allocate_ports: Callable[[int], Sequence[int]]) -> None:

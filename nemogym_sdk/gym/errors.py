@@ -3,14 +3,17 @@
 They extend the package-wide tree in :mod:`nemogym_sdk.errors`::
 
     ConfigError(ValueError)
-    └── GymVenvNotFoundError           the NeMo Gym venv is missing or incomplete
+    ├── GymVenvNotFoundError           the NeMo Gym venv is missing or incomplete
+    └── UvNotFoundError                ``uv`` (which builds per-server environments) is absent
     NemoGymError
     └── ServerStartError(RuntimeError) a server process exited during start-up
+        └── RequirementsInstallError   a server's requirements failed to install
     NotReadyError(TimeoutError)
     └── ServerNotReadyError            a server did not answer before the deadline
 
-The two start-up errors name the server and carry the tail of its log, so a failed
-start-up can be diagnosed from the exception message alone.
+The start-up errors name the server and carry the tail of its log (for
+:class:`RequirementsInstallError`, of uv's output), so a failed start-up can be
+diagnosed from the exception message alone.
 """
 
 from __future__ import annotations
@@ -21,13 +24,19 @@ from nemogym_sdk.errors import ConfigError, NemoGymError, NotReadyError
 
 __all__ = [
     "GymVenvNotFoundError",
+    "RequirementsInstallError",
     "ServerNotReadyError",
     "ServerStartError",
+    "UvNotFoundError",
 ]
 
 
 class GymVenvNotFoundError(ConfigError):
     """The Python 3.13 venv holding nemo-gym is missing or does not contain NeMo Gym."""
+
+
+class UvNotFoundError(ConfigError):
+    """No ``uv`` to build a server's environment with (``pip install uv`` fixes it)."""
 
 
 def _describe(server: str, what: str, log_path: Path | None, log_tail: str) -> str:
@@ -75,3 +84,40 @@ class ServerNotReadyError(NotReadyError):
 
     def __reduce__(self) -> tuple[type[ServerNotReadyError], tuple[object, ...]]:
         return (type(self), (self.server, self.timeout, self.log_path, self.log_tail))
+
+
+class RequirementsInstallError(ServerStartError):
+    """Installing a server's requirements into its environment failed.
+
+    ``server`` is the server directory (``resources_servers/math_with_judge``),
+    ``requirements_path`` the file its requirements came from, ``returncode`` uv's exit
+    status, ``log_path`` the install log and ``log_tail`` the last lines of uv's output.
+    """
+
+    def __init__(
+        self,
+        server: str,
+        requirements_path: Path,
+        returncode: int | None,
+        log_path: Path | None,
+        log_tail: str,
+    ) -> None:
+        where = f" (log: {log_path})" if log_path is not None else ""
+        tail = log_tail.rstrip() or "<no output>"
+        NemoGymError.__init__(
+            self,
+            f"installing the requirements of NeMo Gym server {server!r} from "
+            f"{requirements_path} failed with status {returncode}{where}. "
+            f"Last lines of uv's output:\n{tail}",
+        )
+        self.server = server
+        self.requirements_path = requirements_path
+        self.returncode = returncode
+        self.log_path = log_path
+        self.log_tail = log_tail
+
+    def __reduce__(self) -> tuple[type[ServerStartError], tuple[object, ...]]:
+        return (
+            type(self),
+            (self.server, self.requirements_path, self.returncode, self.log_path, self.log_tail),
+        )

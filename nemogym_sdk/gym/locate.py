@@ -106,7 +106,7 @@ class EnvironmentLocation:
     """Where an environment's resources server lives and what its relative paths mean."""
 
     name: str
-    """Environment name: its directory and its config's file name."""
+    """Environment name as the user gave it: ``<directory>`` or ``<directory>:<config>``."""
     directory: Path
     """The resources server directory (``app.py``, ``configs/<name>.yaml``, ``data/``); the
     server process runs here."""
@@ -116,11 +116,13 @@ class EnvironmentLocation:
     ``nemogym_sdk`` package for the SDK's."""
     shipped_with_sdk: bool
     """True for an environment under ``nemogym_sdk/gym/envs``."""
+    config_name: str | None = None
+    """The config variant (``configs/<config_name>.yaml``); None: the directory's own name."""
 
     @property
     def config_path(self) -> Path:
-        """``<directory>/configs/<name>.yaml``."""
-        return self.directory / "configs" / f"{self.name}.yaml"
+        """``<directory>/configs/<config_name or directory name>.yaml``."""
+        return self.directory / "configs" / f"{self.config_name or self.directory.name}.yaml"
 
     def resolve(self, relative: str | os.PathLike[str]) -> Path:
         """A path of its config (``jsonl_fpath``) as a file path; absolute paths stay."""
@@ -140,26 +142,51 @@ def sdk_environment_names() -> tuple[str, ...]:
     )
 
 
+def split_environment_name(name: str) -> tuple[str, str | None]:
+    """``"structured_outputs:structured_outputs_json"`` -> (directory, config variant).
+
+    A plain name selects ``configs/<name>.yaml``; ``<directory>:<config>`` selects
+    ``configs/<config>.yaml`` of that directory (the environments whose configs are all
+    variants, e.g. ``structured_outputs``, or another variant of one that has its own).
+    """
+    directory, sep, config = name.partition(":")
+    for part in (directory, config) if sep else (directory,):
+        if not part or part != Path(part).name or part.startswith(("_", ".")):
+            raise ConfigError(
+                f"{name!r} is not an environment name (<directory> or <directory>:<config>)"
+            )
+    return directory, (config if sep else None)
+
+
 def locate_environment(venv: GymVenv, name: str) -> EnvironmentLocation:
     """Find environment ``name``: shipped with the SDK, else in the NeMo Gym venv.
 
-    The venv's location is returned even when it does not exist (callers report unknown
-    environments with suggestions). A name that both ship is refused: which server runs
-    must never depend on the installed NeMo Gym version.
+    ``name`` is a resources server directory, optionally with a config variant
+    (``<directory>:<config>``, see `split_environment_name`). The venv's location is
+    returned even when it does not exist (callers report unknown environments with
+    suggestions). A name that both ship is refused: which server runs must never depend
+    on the installed NeMo Gym version.
     """
-    if not name or name != Path(name).name or name.startswith(("_", ".")):
-        raise ConfigError(f"{name!r} is not an environment name")
-    in_venv = venv.resources_server_dir(name)
-    if name in sdk_environment_names():
+    directory, config_name = split_environment_name(name)
+    in_venv = venv.resources_server_dir(directory)
+    if directory in sdk_environment_names():
         if in_venv.exists():
             raise ConfigError(
-                f"environment {name!r} exists both in nemogym_sdk ({SDK_ENVS_DIR / name}) and "
+                f"environment {name!r} exists both in nemogym_sdk ({SDK_ENVS_DIR / directory}) and "
                 f"in the NeMo Gym venv ({in_venv}); an SDK environment must not share a name "
                 "with a NeMo Gym one: rename the SDK's"
             )
         return EnvironmentLocation(
-            name=name, directory=SDK_ENVS_DIR / name, root=_REPO_ROOT, shipped_with_sdk=True
+            name=name,
+            directory=SDK_ENVS_DIR / directory,
+            root=_REPO_ROOT,
+            shipped_with_sdk=True,
+            config_name=config_name,
         )
     return EnvironmentLocation(
-        name=name, directory=in_venv, root=venv.site_packages, shipped_with_sdk=False
+        name=name,
+        directory=in_venv,
+        root=venv.site_packages,
+        shipped_with_sdk=False,
+        config_name=config_name,
     )

@@ -20,6 +20,7 @@ from pathlib import Path
 import attrs
 import requests
 
+from nemogym_sdk._ready import answered, poll_ready
 from nemogym_sdk.gym.errors import ServerNotReadyError, ServerStartError
 
 __all__ = [
@@ -35,7 +36,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _POLL_INTERVAL_S = 0.1
-_PROBE_TIMEOUT_S = 2.0
 TAIL_LINES = 40
 """How many log lines a start-up error quotes."""
 
@@ -108,55 +108,48 @@ def spawn(
 
 
 def wait_ready(processes: Sequence[ServerProcess], timeout: float) -> None:
-    """Poll every process's health URL until all answer 200.
+    """Poll every process's health URL until all answer 2xx (the SDK's one poller,
+    ``nemogym_sdk._ready.poll_ready``).
 
     Raises :class:`ServerStartError` as soon as one exits, and
     :class:`ServerNotReadyError` naming the first laggard when ``timeout`` passes.
     """
-    deadline = time.monotonic() + timeout
-    pending = list(processes)
+    by_name = {proc.name: proc for proc in processes}
+
+    def still_running(name: str) -> None:
+        proc = by_name[name]
+        returncode = proc.popen.poll()
+        if returncode is not None:
+            raise ServerStartError(proc.name, returncode, proc.log_path, proc.tail())
+
     with requests.Session() as session:
         session.trust_env = False  # loopback only: never route through a proxy
-        while pending:
-            still: list[ServerProcess] = []
-            for proc in pending:
-                returncode = proc.popen.poll()
-                if returncode is not None:
-                    raise ServerStartError(proc.name, returncode, proc.log_path, proc.tail())
-                if not _answers(session, proc.health_url):
-                    still.append(proc)
-            pending = still
-            if not pending:
-                return
-            if time.monotonic() >= deadline:
-                proc = pending[0]
-                raise ServerNotReadyError(proc.name, timeout, proc.log_path, proc.tail())
-            time.sleep(_POLL_INTERVAL_S)
+        pending = poll_ready(
+            {proc.name: proc.health_url for proc in processes},
+            timeout=timeout,
+            interval=_POLL_INTERVAL_S,
+            session=session,
+            before_probe=still_running,
+        )
+    if pending:
+        proc = by_name[next(iter(pending))]
+        raise ServerNotReadyError(proc.name, timeout, proc.log_path, proc.tail())
 
 
 def wait_answering(name: str, url: str, timeout: float) -> None:
     """Poll ``url`` until it gives any HTTP answer (status ignored), as NeMo Gym's own
     model-endpoint check does; :class:`ServerNotReadyError` naming ``name`` on timeout."""
-    deadline = time.monotonic() + timeout
     with requests.Session() as session:
         session.trust_env = False
-        while True:
-            try:
-                session.get(url, timeout=_PROBE_TIMEOUT_S)
-            except requests.RequestException as exc:
-                if time.monotonic() >= deadline:
-                    raise ServerNotReadyError(name, timeout, None, f"GET {url}: {exc}") from exc
-                time.sleep(_POLL_INTERVAL_S)
-            else:
-                return
-
-
-def _answers(session: requests.Session, url: str) -> bool:
-    try:
-        response = session.get(url, timeout=_PROBE_TIMEOUT_S)
-    except requests.RequestException:
-        return False
-    return response.status_code == 200
+        pending = poll_ready(
+            {name: url},
+            timeout=timeout,
+            interval=_POLL_INTERVAL_S,
+            session=session,
+            ready=answered,
+        )
+    if pending:
+        raise ServerNotReadyError(name, timeout, None, pending[name])
 
 
 def group_alive(pgid: int) -> bool:

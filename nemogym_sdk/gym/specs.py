@@ -11,6 +11,7 @@ import attrs
 import yaml
 
 from nemogym_sdk.errors import ConfigError
+from nemogym_sdk.wire import AGENTS, ENVIRONMENT_SERVERS, MODELS, RESOURCES
 
 __all__ = [
     "AGENTS",
@@ -24,10 +25,6 @@ __all__ = [
     "StackConfig",
 ]
 
-MODELS = "responses_api_models"
-RESOURCES = "resources_servers"
-AGENTS = "responses_api_agents"
-ENVIRONMENT_SERVERS = "environment_servers"
 LOOPBACK = "127.0.0.1"
 
 

@@ -6,7 +6,10 @@ the whole resolved config in ``NEMO_GYM_CONFIG_DICT`` and the server's instance 
 ``NEMO_GYM_CONFIG_PATH``. Environments shipped with the SDK (``nemogym_sdk/gym/envs``,
 e.g. ``target_chars``) run the same way from their directory in the SDK, with the venv's
 interpreter. Servers run with ``PYTHONDONTWRITEBYTECODE=1``, so neither the venv nor the
-SDK's package directory is ever written to. Head-server mode adds NeMo Gym's own
+SDK's package directory is ever written to. A server whose directory lists requirements
+beyond nemo-gym (``requirements.txt``, e.g. ``math-verify`` for ``math_with_judge``) runs
+with the interpreter of a venv of its own, built with uv on first use and cached (see
+:mod:`nemogym_sdk.gym.requirements`). Head-server mode adds NeMo Gym's own
 ``HeadServer`` in a small process of its own (see :mod:`nemogym_sdk.gym.head_main`), so
 clients can discover the servers through ``GET /server_instances`` and
 ``GET /global_config_dict_yaml``.
@@ -31,12 +34,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from nemogym_sdk.data import read_rows
+from nemogym_sdk.directory import ServerDirectory, ServerInfo
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.gym.catalog import missing_data_files
 from nemogym_sdk.gym.config import build_stack_config
 from nemogym_sdk.gym.locate import GymVenv, find_gym_venv, locate_environment
 from nemogym_sdk.gym.overlay import FileSource, make_overlay
 from nemogym_sdk.gym.process import ServerProcess, spawn, stop_all, wait_answering, wait_ready
+from nemogym_sdk.gym.requirements import ServerEnvironment, prepare_server_environment
 from nemogym_sdk.gym.specs import (
     AGENTS,
     MODELS,
@@ -45,6 +51,7 @@ from nemogym_sdk.gym.specs import (
     PolicyModel,
     StackConfig,
 )
+from nemogym_sdk.records import TaskRow
 
 __all__ = ["HEAD_SERVER_NAME", "GymStack"]
 
@@ -71,6 +78,11 @@ class GymStack:
             (``resources_servers/<name>`` in the venv) or the SDK's own
             (:data:`~nemogym_sdk.gym.SDK_ENVIRONMENTS`, e.g. ``"target_chars"``).
         model: the OpenAI-compatible backend, served to the agents as ``policy_model``.
+        judge: the OpenAI-compatible endpoint (``base_url``, ``model``: the served model
+            name, ``api_key``) that every other model server the environments call is
+            pointed at: judges, user simulators, reward models (see "Judges and other model
+            servers" in ``docs/gym-environments.md``). Default: ``model``'s backend; then
+            environments whose judge is ``policy_model`` keep judging on the policy's server.
         head_server: also run NeMo Gym's head server (discovery endpoints).
         venv: the NeMo Gym venv (a :class:`GymVenv` or a path); default
             ``$NEMOGYM_GYM_VENV`` or ``<repo>/.venv-gym``.
@@ -78,8 +90,9 @@ class GymStack:
         ready_timeout: seconds for all servers to answer their health route.
         backend_timeout: if set, seconds to wait, before starting anything, for the
             backend to answer ``GET {base_url}/models`` (any status counts, like
-            ``gym env start``'s check). NeMo Gym does not check it, and a ``/run``
-            against a dead backend hangs (the model server retries forever).
+            ``gym env start``'s check), and for ``judge``'s when it is elsewhere. NeMo
+            Gym does not check it, and a ``/run`` against a dead backend hangs (the
+            model server retries forever).
         stop_grace: seconds between SIGTERM and SIGKILL on stop.
         default_max_steps: ``max_steps`` for agents whose config sets none.
         overrides: deep-merged into the global config last (see
@@ -92,6 +105,12 @@ class GymStack:
             :mod:`~nemogym_sdk.gym.overlay`); the venv is never written to. Data files the
             wheel does not ship get a stand-in automatically (see
             :func:`~nemogym_sdk.gym.catalog.missing_data_files`).
+        install_requirements: give each server whose directory needs more than nemo-gym
+            (its ``requirements.txt`` or ``pyproject.toml``) a venv of its own, built with
+            uv and cached (:mod:`~nemogym_sdk.gym.requirements`); ``False`` runs every
+            server in ``venv`` as it is (for users who manage that venv themselves).
+        requirements_cache: where those venvs are cached; default ``$NEMOGYM_SERVER_ENVS``,
+            else ``$XDG_CACHE_HOME/nemogym_sdk/server-envs``.
     """
 
     def __init__(
@@ -100,6 +119,7 @@ class GymStack:
         model: PolicyModel,
         *,
         head_server: bool = False,
+        judge: PolicyModel | None = None,
         venv: GymVenv | str | os.PathLike[str] | None = None,
         workdir: str | os.PathLike[str] | None = None,
         ready_timeout: float = 120.0,
@@ -109,11 +129,14 @@ class GymStack:
         overrides: Mapping[str, Any] | None = None,
         extra_env: Mapping[str, str] | None = None,
         server_files: Mapping[str, Mapping[str, FileSource]] | None = None,
+        install_requirements: bool = True,
+        requirements_cache: str | os.PathLike[str] | None = None,
     ) -> None:
         if isinstance(environments, str):
             raise ConfigError("environments must be a sequence of names, not a string")
         self._environments = tuple(environments)
         self._model = model
+        self._judge = judge
         self._head_server = head_server
         self._venv = venv if isinstance(venv, GymVenv) else find_gym_venv(venv)
         self._workdir_arg = Path(workdir) if workdir is not None else None
@@ -124,6 +147,9 @@ class GymStack:
         self._overrides = overrides
         self._extra_env = dict(extra_env or {})
         self._server_files = {key: dict(files) for key, files in (server_files or {}).items()}
+        self._install_requirements = install_requirements
+        self._requirements_cache = requirements_cache
+        self._server_envs: dict[str, ServerEnvironment] = {}
         self._workdir: Path | None = None
         self._config: StackConfig | None = None
         self._processes: list[ServerProcess] = []
@@ -166,6 +192,7 @@ class GymStack:
             self._venv,
             self._environments,
             self._model,
+            judge=self._judge,
             workdir=self._workdir,
             default_max_steps=self._default_max_steps,
             overrides=self._overrides,
@@ -175,22 +202,29 @@ class GymStack:
             wait_answering(
                 f"backend of {self._model.instance_name}", models_url, self._backend_timeout
             )
+            if self._judge is not None and self._judge.base_url != self._model.base_url:
+                judge_url = f"{self._judge.base_url.rstrip('/')}/models"
+                wait_answering("judge endpoint", judge_url, self._backend_timeout)
         config_text = self._config.to_yaml()
         (self._workdir / "config.yaml").write_text(config_text)
         atexit.register(self.stop)
         self._running = True
         base_env = self._child_env(config_text)
         server_dirs = self._server_dirs()
+        server_envs = self._prepare_server_envs(base_env)
         logs = self._workdir / "logs"
         for spec in self._config.servers:
-            server_dir = server_dirs[f"{spec.server_type}/{spec.impl}"]
+            key = f"{spec.server_type}/{spec.impl}"
+            server_dir = server_dirs[key]
+            server_env = server_envs[key]
             self._processes.append(
                 spawn(
                     spec.instance,
-                    [str(self._venv.python), spec.entrypoint],
+                    [str(server_env.python), spec.entrypoint],
                     cwd=server_dir,
                     env={
                         **base_env,
+                        **_venv_env(base_env, server_env.root),
                         "NEMO_GYM_CONFIG_PATH": spec.instance,
                         "PYTHONPATH": str(server_dir),
                     },
@@ -254,6 +288,14 @@ class GymStack:
     def venv(self) -> GymVenv:
         """The NeMo Gym venv the servers run in."""
         return self._venv
+
+    @property
+    def server_environments(self) -> dict[str, ServerEnvironment]:
+        """``server_type/impl`` -> the interpreter it runs with (its own venv or ``venv``'s).
+
+        Filled by :meth:`start`; ``reused`` tells whether a cached venv was used.
+        """
+        return dict(self._server_envs)
 
     @property
     def workdir(self) -> Path:
@@ -414,6 +456,29 @@ class GymStack:
         self._dirs = dirs
         return dirs
 
+    def _prepare_server_envs(self, base_env: Mapping[str, str]) -> dict[str, ServerEnvironment]:
+        """Each server's interpreter, its requirements installed first when enabled."""
+        envs: dict[str, ServerEnvironment] = {}
+        for spec in self.config.servers:
+            key = f"{spec.server_type}/{spec.impl}"
+            if key in envs:
+                continue
+            if not self._install_requirements:
+                envs[key] = ServerEnvironment(
+                    server=key, python=self._venv.python, root=None, reused=True
+                )
+                continue
+            envs[key] = prepare_server_environment(
+                self._venv,
+                spec.server_type,
+                spec.impl,
+                server_dir=self._dirs[key],
+                cache_root=self._requirements_cache,
+                env=base_env,
+            )
+        self._server_envs = envs
+        return envs
+
     def _child_env(self, config_text: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
         env = {k: v for k, v in env.items() if not k.startswith("NEMO_GYM_")}
@@ -428,6 +493,54 @@ class GymStack:
         env.update(self._extra_env)
         env["NEMO_GYM_CONFIG_DICT"] = config_text
         return env
+
+    # ------------------------------------------------------- one deployment model
+
+    def directory(self) -> ServerDirectory:
+        """The running stack as a :class:`~nemogym_sdk.ServerDirectory`, the object
+        ``ServerDirectory.from_head`` returns for a remote deployment.
+
+        Built from the stack's own instances (no HTTP), in manual and head-server mode
+        alike: agents, resources servers and model servers by instance name, each with
+        its implementation and config block; ``head_url`` and the global config are set
+        as discovery would set them.
+        """
+        if not self._running:
+            raise RuntimeError("the stack is not running: start it first")
+        config = self.config.global_config
+        servers = []
+        for spec in self.config.servers:
+            block = config.get(spec.instance, {}).get(spec.server_type, {}).get(spec.impl, {})
+            servers.append(
+                ServerInfo(
+                    name=spec.instance,
+                    server_type=spec.server_type,
+                    url=spec.url,
+                    implementation=spec.impl,
+                    config=block,
+                )
+            )
+        return ServerDirectory(servers, head_url=self.head_url, config=config)
+
+    def task_rows(self, environment: str) -> list[TaskRow]:
+        """The shipped example rows of an environment as ``TaskRow``s, read by
+        ``nemogym_sdk.data``: their ids (``<path>:<line>``) equal those ``load_rows``
+        gives for :attr:`example_paths` ``[environment]``."""
+        path = self.example_paths.get(environment)
+        if path is None:
+            raise ConfigError(f"{environment!r} is not an environment of this stack")
+        return read_rows(path)
+
+
+def _venv_env(base_env: Mapping[str, str], venv_root: Path | None) -> dict[str, str]:
+    """``VIRTUAL_ENV`` and ``PATH`` of a server running in its own venv (none: no change)."""
+    if venv_root is None:
+        return {}
+    path = base_env.get("PATH", "")
+    return {
+        "VIRTUAL_ENV": str(venv_root),
+        "PATH": os.pathsep.join([str(venv_root / "bin"), path]),
+    }
 
 
 def _file_safe(name: str) -> str:

@@ -28,16 +28,19 @@ from typing import Any
 import pytest
 import requests
 
+from tests.require import absent
+
 REPO = Path(__file__).resolve().parents[2]
 AXOLOTL_VENV = REPO / ".venv-axolotl"
 AXOLOTL = AXOLOTL_VENV / "bin" / "axolotl"
 EXAMPLE = REPO / "examples" / "axolotl_nemo_gym.yaml"
 STEPS = 3
 
-pytestmark = pytest.mark.skipif(
-    not AXOLOTL.exists(),
-    reason=f"{AXOLOTL_VENV} is absent (make axolotl-venv builds it); real-axolotl test skipped",
-)
+
+@pytest.fixture(autouse=True)
+def _axolotl_venv() -> None:
+    if not AXOLOTL.exists():
+        absent(f"{AXOLOTL_VENV} is absent (make axolotl-venv builds it); real-axolotl test skipped")
 
 
 def _axolotl_env() -> dict[str, str]:
@@ -69,7 +72,7 @@ def test_axolotl_trains_with_the_plugin_against_real_nemo_gym(tmp_path: Path) ->
     try:
         venv = find_gym_venv()
     except GymVenvNotFoundError as exc:
-        pytest.skip(f"NeMo Gym venv absent, real-server test skipped: {exc}")
+        absent(f"NeMo Gym venv absent, real-server test skipped: {exc}")
     model_dir = save_tiny(tmp_path / "model", seed=0)
     out = tmp_path / "out"
     with start_serve(

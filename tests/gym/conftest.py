@@ -6,7 +6,8 @@ one module's NeMo Gym processes run at a time). The backend is
 ``python -m nemogym_sdk.serve --mode scripted``, or the server at
 ``$NEMOGYM_TEST_BACKEND_URL`` when that is set (e.g. a real vLLM).
 
-Tests that need NeMo Gym skip, saying so, only when its venv is absent.
+Tests that need NeMo Gym skip, saying so, only when its venv is absent; with
+``NEMOGYM_REQUIRE_GYM=1`` (CI) they fail instead.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from nemogym_sdk.gym import (
     find_gym_venv,
     start_serve,
 )
+from tests.require import absent
 
 from .stacks import StackFactory
 
@@ -32,11 +34,12 @@ BACKEND_MODEL_ENV_VAR = "NEMOGYM_TEST_BACKEND_MODEL"
 
 @pytest.fixture(scope="session")
 def gym_venv() -> GymVenv:
-    """The NeMo Gym venv; skips the test when it is absent."""
+    """The NeMo Gym venv; skips the test when it is absent (fails under
+    ``NEMOGYM_REQUIRE_GYM=1``, as in CI)."""
     try:
         return find_gym_venv()
     except GymVenvNotFoundError as exc:
-        pytest.skip(f"NeMo Gym venv absent, real-server test skipped: {exc}")
+        absent(f"NeMo Gym venv absent, real-server test skipped: {exc}")
 
 
 @pytest.fixture(scope="session")

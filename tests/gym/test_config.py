@@ -213,3 +213,70 @@ def _renamed(config: dict[str, object], name: str) -> dict[str, object]:
     loaded = yaml.safe_load(text)
     assert isinstance(loaded, dict)
     return loaded
+
+
+def _split_toy(venv_root: Path) -> Path:
+    """Move the toy's agent into an agent config that ``configs/toy.yaml`` includes."""
+    site = venv_root / "lib" / "python3.13" / "site-packages"
+    agent_config = site / "responses_api_agents" / "simple_agent" / "configs" / "toy_agent.yaml"
+    agent_config.parent.mkdir(parents=True)
+    agent = copy.deepcopy(TOY_CONFIG["toy_simple_agent"])
+    agent["responses_api_agents"]["simple_agent"]["max_steps"] = 3
+    agent_config.write_text(yaml.safe_dump({"toy_simple_agent": agent}))
+    own = {k: v for k, v in TOY_CONFIG.items() if k != "toy_simple_agent"}
+    own["config_paths"] = ["responses_api_agents/simple_agent/configs/toy_agent.yaml"]
+    # the including config overrides what it includes
+    own["toy_simple_agent"] = {"responses_api_agents": {"simple_agent": {"max_steps": 5}}}
+    config = site / "resources_servers" / "toy" / "configs" / "toy.yaml"
+    config.write_text(yaml.safe_dump(own))
+    return config
+
+
+def test_config_paths_are_merged_under_the_including_config(tmp_path: Path) -> None:
+    """An included agent config is merged in; the including config's values win."""
+    venv = make_venv(tmp_path / "venv")
+    _split_toy(tmp_path / "venv")
+    loaded = load_environment_config(venv, "toy")
+    assert "config_paths" not in loaded
+    agent = loaded["toy_simple_agent"]["responses_api_agents"]["simple_agent"]
+    assert agent["max_steps"] == 5
+    assert agent["resources_server"] == {"type": "resources_servers", "name": "toy"}
+    stack = build_stack_config(venv, ["toy"], MODEL, allocate_ports=counting_ports())
+    started = {s.instance: s for s in stack.servers}
+    assert started["toy_simple_agent"].environment == "toy"
+    agents = stack.global_config["toy_simple_agent"]["responses_api_agents"]
+    assert agents["simple_agent"]["max_steps"] == 5
+
+
+def test_config_paths_that_are_missing_or_cyclic_are_config_errors(tmp_path: Path) -> None:
+    venv = make_venv(tmp_path / "venv")
+    config = _split_toy(tmp_path / "venv")
+    own = yaml.safe_load(config.read_text())
+    own["config_paths"] = ["responses_api_agents/simple_agent/configs/nope.yaml"]
+    config.write_text(yaml.safe_dump(own))
+    with pytest.raises(ConfigError, match=r"included config .*nope\.yaml does not exist"):
+        load_environment_config(venv, "toy")
+    own["config_paths"] = ["resources_servers/toy/configs/toy.yaml"]
+    config.write_text(yaml.safe_dump(own))
+    with pytest.raises(ConfigError, match="include themselves"):
+        load_environment_config(venv, "toy")
+
+
+def test_a_config_variant_is_chosen_with_a_colon(tmp_path: Path) -> None:
+    """``toy:other`` starts ``configs/other.yaml``; a directory without its own config
+    names its variants in the error."""
+    venv = make_venv(tmp_path / "venv")
+    configs = tmp_path / "venv" / "lib" / "python3.13" / "site-packages" / "resources_servers"
+    variant = copy.deepcopy(TOY_CONFIG)
+    variant["toy"]["resources_servers"]["toy"]["description"] = "the other variant"
+    (configs / "toy" / "configs" / "other.yaml").write_text(yaml.safe_dump(variant))
+    loaded = load_environment_config(venv, "toy:other")
+    assert loaded["toy"]["resources_servers"]["toy"]["description"] == "the other variant"
+    stack = build_stack_config(venv, ["toy:other"], MODEL, allocate_ports=counting_ports())
+    assert [e.name for e in stack.environments] == ["toy:other"]
+    (configs / "toy" / "configs" / "toy.yaml").unlink()
+    with pytest.raises(ConfigError, match=r"no config toy\.yaml; pick one .*'toy:<config>': other"):
+        load_environment_config(venv, "toy")
+    for bad in ("toy:", ":other", "toy:../x"):
+        with pytest.raises(ConfigError, match="not an environment name"):
+            load_environment_config(venv, bad)

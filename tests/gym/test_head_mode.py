@@ -10,6 +10,7 @@ import pytest
 import requests
 import yaml
 
+from nemogym_sdk import AgentClient, ConfigError, RolloutStatus, ServerDirectory, load_rows
 from nemogym_sdk.gym import HEAD_SERVER_NAME, GymStack
 
 from .stacks import StackFactory
@@ -77,3 +78,57 @@ def test_run_through_a_discovered_agent(head_stack: GymStack) -> None:
     result = requests.post(f"{agent['url']}/run", json=row, timeout=120).json()
     assert isinstance(result["reward"], float)
     assert any(item.get("generation_token_ids") for item in result["response"]["output"])
+
+
+def _same_deployment(local: ServerDirectory, remote: ServerDirectory) -> None:
+    assert local.agents == remote.agents
+    assert local.resources_servers == remote.resources_servers
+    assert local.models == remote.models
+    for mine, theirs in zip(local.servers(), remote.servers(), strict=True):
+        assert (mine.name, mine.server_type, mine.implementation, mine.url) == (
+            theirs.name,
+            theirs.server_type,
+            theirs.implementation,
+            theirs.url,
+        )
+        assert mine.config == theirs.config
+    for agent in local.agents:
+        assert local.resources_server_of(agent) == remote.resources_server_of(agent)
+
+
+def test_stack_directory_is_what_discovery_returns(head_stack: GymStack) -> None:
+    """``GymStack.directory()`` describes the deployment exactly as ``ServerDirectory``
+    discovers it from NeMo Gym's head server: same servers, URLs, kinds and configs."""
+    assert head_stack.head_url is not None
+    local = head_stack.directory()
+    remote = ServerDirectory.from_head(head_stack.head_url, wait=30)
+    _same_deployment(local, remote)
+    assert local.head_url == remote.head_url == head_stack.head_url
+    assert local.agent_url(f"{ENVIRONMENT}_simple_agent") == head_stack.agent_url(ENVIRONMENT)
+
+
+def test_stack_task_rows_have_load_rows_ids(head_stack: GymStack) -> None:
+    """``task_rows`` reads the example rows through ``nemogym_sdk.data``: the ids are those
+    ``load_rows`` gives for the same file, and the data is what ``example_rows`` parses."""
+    rows = head_stack.task_rows(ENVIRONMENT)
+    path = head_stack.example_paths[ENVIRONMENT]
+    assert [r.row_id for r in rows] == [r.row_id for r in load_rows(path)]
+    assert [dict(r.data) for r in rows] == head_stack.example_rows(ENVIRONMENT)
+    assert rows and all(r.row_id.startswith(f"{path}:") for r in rows)
+    with pytest.raises(ConfigError, match="not an environment"):
+        head_stack.task_rows("nope")
+
+
+def test_manual_stack_directory_plays_rows(stack_factory: StackFactory) -> None:
+    """Without a head server, ``directory()`` is still the deployment: an AgentClient built
+    on it plays the stack's task rows to OK rollouts."""
+    model = attrs.evolve(stack_factory.model, request_prompt_and_generation_token_ids=True)
+    with stack_factory([ENVIRONMENT], model=model) as stack:
+        directory = stack.directory()
+        assert directory.head_url is None
+        assert directory.agents == stack.agent_urls
+        assert directory.resources_servers == stack.resources_urls
+        with AgentClient(directory) as client:
+            (rollout,) = client.run_sync(stack.task_rows(ENVIRONMENT)[:1], eos_token_id=0)
+    assert rollout.status is RolloutStatus.OK, rollout.error
+    assert rollout.row_id == f"{stack.example_paths[ENVIRONMENT]}:1"

@@ -31,8 +31,10 @@ from nemogym_sdk import (
     Verifier,
     VerifyItem,
     collate,
+    load_rows,
     parse_agent_response,
     reward_nemo_gym_verify,
+    verify_stats,
 )
 from nemogym_sdk.gym import GymStack
 
@@ -102,6 +104,24 @@ def test_discovery_finds_every_agent_and_resources_server(
     assert directory.resources_servers == stack.resources_urls
     for agent in directory.agents:
         assert directory.resources_server_of(agent) in directory.resources_servers
+
+
+def test_the_stack_and_the_head_describe_one_deployment(
+    stack: GymStack, directory: ServerDirectory
+) -> None:
+    """``stack.directory()`` (built locally) and discovery through the head agree on every
+    server; ``stack.task_rows`` ids are ``load_rows`` ids, for every environment."""
+    local = stack.directory()
+    assert [(s.name, s.server_type, s.implementation, s.url) for s in local.servers()] == [
+        (s.name, s.server_type, s.implementation, s.url) for s in directory.servers()
+    ]
+    for agent in local.agents:
+        assert local.resources_server_of(agent) == directory.resources_server_of(agent)
+    for environment in ENVIRONMENTS:
+        rows = stack.task_rows(environment)
+        assert [r.row_id for r in rows] == [
+            r.row_id for r in load_rows(stack.example_paths[environment])
+        ]
 
 
 @pytest.mark.parametrize("environment", ENVIRONMENTS)
@@ -272,6 +292,7 @@ def test_reward_function_discovers_through_the_head(stack: GymStack) -> None:
             {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
         ],
     }
+    unscored_before, scored_before = verify_stats.unscored, verify_stats.scored
     rewards = reward_nemo_gym_verify(
         [[call], [{"role": "assistant", "content": "no tool"}], [call]],
         resources_server_ref=[{"name": weather}, {"name": weather}, {"name": "missing"}],
@@ -279,6 +300,9 @@ def test_reward_function_discovers_through_the_head(stack: GymStack) -> None:
         head=stack.head_url,
     )
     assert rewards == [1.0, 0.0, 0.0]
+    # the unknown server's 0.0 is counted as unscored; the real 0.0 is a score
+    assert verify_stats.unscored - unscored_before == 1
+    assert verify_stats.scored - scored_before == 2
 
 
 def test_readme_example_runs(stack: GymStack, tmp_path: Any) -> None:

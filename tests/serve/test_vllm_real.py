@@ -27,6 +27,8 @@ from typing import Any
 import pytest
 import requests
 
+from tests.require import absent
+
 pytest.importorskip("transformers")
 
 from nemogym_sdk import DriftPolicy, parse_agent_response
@@ -60,7 +62,7 @@ def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BackendProc
         venv = find_vllm_venv()
         find_gym_venv()
     except (VllmVenvNotFoundError, GymVenvNotFoundError) as exc:
-        pytest.skip(f"real vLLM + NeMo Gym test skipped: {exc}")
+        absent(f"real vLLM + NeMo Gym test skipped: {exc}")
     model_dir = save_tiny(tmp_path_factory.mktemp("proxy-model") / "tiny", 0)
     log = tmp_path_factory.mktemp("proxy-vllm-log") / "vllm.log"
     with start_vllm(

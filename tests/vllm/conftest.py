@@ -30,6 +30,7 @@ import requests
 
 from nemogym_sdk.gym import BackendProcess, VllmVenv, VllmVenvNotFoundError, find_vllm_venv
 from nemogym_sdk.gym.vllm import start_vllm
+from tests.require import absent
 
 SERVED_NAME = "nemogym-tiny"
 """The base model's served name on the shared server."""
@@ -59,7 +60,7 @@ def vllm_venv() -> VllmVenv:
     try:
         return find_vllm_venv()
     except VllmVenvNotFoundError as exc:
-        pytest.skip(f"vLLM venv absent, real-vLLM test skipped (run `make vllm-venv`): {exc}")
+        absent(f"vLLM venv absent, real-vLLM test skipped (run `make vllm-venv`): {exc}")
 
 
 @pytest.fixture(scope="session")

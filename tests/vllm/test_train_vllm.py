@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.require import absent
+
 pytestmark = [pytest.mark.gym, pytest.mark.slow, pytest.mark.vllm]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,7 +34,7 @@ def test_trainer_with_the_vllm_backend(vllm_venv: object, tmp_path: Path) -> Non
     try:
         find_gym_venv()
     except GymVenvNotFoundError as exc:
-        pytest.skip(f"NeMo Gym venv absent: {exc}")
+        absent(f"NeMo Gym venv absent: {exc}")
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "nemogym_sdk.train", "--config", "examples/demo.yaml"]
     argv += ["--steps", "3", "--rows-per-step", "2", "--out", str(out)]

@@ -123,7 +123,7 @@ def completion_logprobs(
 def _inputs(batch: Batch | Mapping[str, torch.Tensor], device: torch.device) -> dict[str, Any]:
     if isinstance(batch, Batch):
         return {
-            key: torch.from_numpy(getattr(batch, key)).to(device=device, dtype=torch.long)
+            key: torch.tensor(getattr(batch, key), dtype=torch.long, device=device)
             for key in _INPUT_KEYS
         }
     missing = [key for key in _INPUT_KEYS if key not in batch]

@@ -1,0 +1,375 @@
+"""Which shipped NeMo Gym environments run on this machine: start, play, score, classify.
+
+For every environment NeMo Gym ships (``resources_servers/<name>`` in the gym venv), one at a
+time: start it through `GymStack` (its per-server requirements installed, judges wired to the
+policy's backend), play its first example rows through `AgentClient` against
+``python -m nemogym_sdk.serve --mode scripted``, and classify the outcome:
+
+  runs          at least one example row came back as a scored rollout
+  gpu           needs a GPU
+  sandbox       needs docker or a sandbox
+  external      needs an external service or an API key
+  requirements  its requirements fail to install
+  start         it does not start
+  run           it starts but ``/run`` fails on every row
+
+each with a one-line reason. What an environment needs is read from its files first (its
+requirements, config and code: `hints`) and used to explain a failure; an environment is
+never skipped on a hint alone. Results go to ``--out`` (one JSON line per environment, as they
+finish, so an interrupted sweep keeps what it measured) and, with ``--docs``, to the table
+between the sweep markers of ``docs/gym-environments.md``.
+
+    .venv/bin/python benchmarks/gym_sweep.py --docs docs/gym-environments.md
+    .venv/bin/python benchmarks/gym_sweep.py --environments wordle,blackjack --out /tmp/sweep.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import re
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from nemogym_sdk import AgentClient, RolloutStatus, Timeouts
+from nemogym_sdk.gym import GymStack, GymVenv, PolicyModel, find_gym_venv, start_serve
+from nemogym_sdk.gym.locate import locate_environment
+from nemogym_sdk.gym.process import tail
+from nemogym_sdk.serve.tiny import build_tiny_tokenizer
+
+CLASSES = {
+    "runs": "runs",
+    "gpu": "needs a GPU",
+    "sandbox": "needs docker or a sandbox",
+    "external": "needs an external service or API key",
+    "requirements": "requirements fail to install",
+    "start": "start fails",
+    "run": "`/run` fails",
+}
+"""Outcome classes, in the order the table lists them."""
+
+BEGIN, END = "<!-- gym-sweep:begin -->", "<!-- gym-sweep:end -->"
+
+_GPU_PACKAGES = re.compile(
+    r"^(vllm|flash[-_]attn|xformers|bitsandbytes|deepspeed|cupy\S*|nvidia-\S+|triton|"
+    r"tensorrt\S*|sglang)\b",
+    re.I,
+)
+_GPU_CODE = re.compile(r"\bimport vllm\b|\bfrom vllm\b|torch\.cuda\.|\bcuda:\d|\bdevice=.cuda")
+_SANDBOX_CODE = re.compile(
+    r"\bimport docker\b|\bdocker (run|exec|build)\b|\bapptainer\b|\bsingularity\b|"
+    r"\bimport e2b\b|\bimport modal\b|sandbox_fusion|\bsandbox_url\b|\bsandbox_host\b",
+    re.I,
+)
+_EXTERNAL_PACKAGES = re.compile(r"^(tavily[-_]python|serpapi|exa[-_]py|google-search\S*)\b", re.I)
+_EXTERNAL_CONFIG = re.compile(r"api_key|API_KEY|_TOKEN\b|\?\?\?")
+
+_FAILURE_MARKERS = (
+    ("gpu", re.compile(r"CUDA|cuda|nvidia|NVIDIA|GPU|no accelerator", re.S)),
+    ("sandbox", re.compile(r"docker|Docker|sandbox|apptainer|singularity", re.S)),
+    (
+        "external",
+        re.compile(
+            r"api[_ ]?key|API[_ ]KEY|Unauthorized|Forbidden|\b(status|HTTP|code)\W{0,3}40[13]\b|"
+            r"Name or service not known|"
+            r"Temporary failure in name resolution|getaddrinfo|huggingface\.co|"
+            r"MissingMandatoryValue|Missing mandatory value",
+            re.S,
+        ),
+    ),
+)
+
+
+@attrs.frozen(kw_only=True)
+class Outcome:
+    """One environment's result."""
+
+    environment: str
+    outcome: str
+    """A key of `CLASSES`."""
+    reason: str
+    """One line."""
+    rows_played: int = 0
+    rows_scored: int = 0
+    mean_reward: float | None = None
+    seconds: float = 0.0
+
+
+# ----------------------------------------------------------------------- what it needs
+
+
+def _requirement_names(directory: Path) -> list[str]:
+    path = directory / "requirements.txt"
+    if not path.is_file():
+        return []
+    names = []
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line and not line.startswith("-") and "nemo-gym" not in line and "nemo_gym" not in line:
+            names.append(re.split(r"[\s<>=!~;\[@]", line, maxsplit=1)[0])
+    return names
+
+
+def hints(directory: Path, config: Path) -> dict[str, str]:
+    """Class -> why, for what an environment's files say it needs (GPU, sandbox, external).
+
+    ``directory`` is its resources server's, ``config`` the config file `GymStack` starts.
+    """
+    found: dict[str, str] = {}
+    names = _requirement_names(directory)
+    gpu = [n for n in names if _GPU_PACKAGES.match(n)]
+    if gpu:
+        found["gpu"] = f"requirements name {', '.join(gpu)}"
+    external = [n for n in names if _EXTERNAL_PACKAGES.match(n)]
+    if external:
+        found["external"] = f"requirements name {', '.join(external)}"
+    for path in sorted(directory.rglob("*.py")):
+        if "tests" in path.parts:
+            continue
+        text = path.read_text(errors="replace")
+        if "gpu" not in found and _GPU_CODE.search(text):
+            found["gpu"] = f"{path.relative_to(directory)} uses CUDA or vLLM"
+        match = _SANDBOX_CODE.search(text)
+        if "sandbox" not in found and match:
+            found["sandbox"] = f"{path.relative_to(directory)} uses {match.group(0).strip()}"
+    text = config.read_text(errors="replace") if config.is_file() else ""
+    match = _EXTERNAL_CONFIG.search(text)
+    if "external" not in found and match:
+        found["external"] = f"{config.name} asks for {match.group(0)}"
+    return found
+
+
+_ERROR_LINE = re.compile(
+    r"Error|error|Exception|Traceback|failed|FAILED|refused|denied|Unauthorized|Forbidden|"
+    r"not found|No module|Missing|missing|requires?\b"
+)
+
+
+def classify_failure(stage: str, message: str, hinted: dict[str, str]) -> tuple[str, str]:
+    """(class, one-line reason) for a failure at ``stage`` (requirements, start, run).
+
+    Only lines that read as errors are searched for causes, so a server's ordinary log
+    lines (a port number, a model name) cannot decide the class.
+    """
+    errors = [line for line in message.splitlines() if _ERROR_LINE.search(line)]
+    message = "\n".join(errors) or message
+    for name, pattern in _FAILURE_MARKERS:
+        if pattern.search(message):
+            return name, _one_line(message, pattern)
+    for name in ("gpu", "sandbox", "external"):
+        if name in hinted:
+            return name, f"{hinted[name]}; {stage} failed: {_one_line(message)}"
+    return stage, _one_line(message)
+
+
+def _one_line(message: str, pattern: re.Pattern[str] | None = None) -> str:
+    """The most telling line: the one the pattern matched, else the last error-looking one."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if pattern is not None:
+        for line in reversed(lines):
+            if pattern.search(line):
+                return line[:200]
+    errors = [line for line in lines if re.search(r"Error|error|Exception|failed|No module", line)]
+    return (errors or lines or ["(no message)"])[-1][:200]
+
+
+# ----------------------------------------------------------------------- one environment
+
+
+def sweep_one(
+    venv: GymVenv,
+    name: str,
+    model: PolicyModel,
+    *,
+    rows: int,
+    workdir: Path,
+    ready_timeout: float,
+    run_timeout: float,
+) -> Outcome:
+    """Start ``name``, play up to ``rows`` example rows, classify."""
+    began = time.monotonic()
+    location = locate_environment(venv, name)
+    hinted = hints(location.directory, location.config_path)
+
+    def done(outcome: str, reason: str, **extra: Any) -> Outcome:
+        return Outcome(
+            environment=name,
+            outcome=outcome,
+            reason=reason,
+            seconds=round(time.monotonic() - began, 1),
+            **extra,
+        )
+
+    stack: GymStack | None = None
+    try:
+        stack = GymStack(
+            [name],
+            model,
+            venv=venv,
+            workdir=workdir,
+            ready_timeout=ready_timeout,
+            default_max_steps=8,  # a scripted policy that keeps calling tools must end
+        ).start()
+    except Exception as error:  # noqa: BLE001 -- every failure is an outcome, not the end
+        stage = "requirements" if "equirement" in type(error).__name__ else "start"
+        message = f"{type(error).__name__}: {error}"
+        return done(*classify_failure(stage, message, hinted))
+    try:
+        examples = stack.example_rows(name)[:rows]
+        if not examples:
+            return done("run", "ships no example rows")
+        timeouts = Timeouts(request=run_timeout, total=run_timeout * len(examples))
+        with AgentClient(
+            stack.agent_urls, default_agent=stack.default_agents.get(name), timeouts=timeouts
+        ) as client:
+            rollouts = client.run_sync(examples, eos_token_id=build_tiny_tokenizer().eos_token_id)
+        scored = [r for r in rollouts if r.status == RolloutStatus.OK and math.isfinite(r.reward)]
+        if scored:
+            mean = sum(r.reward for r in scored) / len(scored)
+            return done(
+                "runs",
+                f"{len(scored)}/{len(rollouts)} example rows scored",
+                rows_played=len(rollouts),
+                rows_scored=len(scored),
+                mean_reward=round(mean, 4),
+            )
+        reasons = "; ".join(sorted({f"{r.status.value}: {r.error}" for r in rollouts}))
+        logs = "\n".join(tail(path, 40) for path in stack.log_paths.values())
+        outcome, line = classify_failure("run", f"{logs}\n{reasons}", hinted)
+        return done(outcome, line, rows_played=len(rollouts))
+    except Exception:  # noqa: BLE001 -- as above
+        return done(*classify_failure("run", traceback.format_exc(limit=3), hinted))
+    finally:
+        stack.stop()
+
+
+# ----------------------------------------------------------------------- all of them
+
+
+def shipped_environments(venv: GymVenv) -> list[str]:
+    """Every resources server NeMo Gym ships that has a config: by its name, or, when it
+    has no config of its own name, as ``<name>:<its first config>``."""
+    root = venv.site_packages / "resources_servers"
+    names = []
+    for directory in sorted(p for p in root.iterdir() if (p / "configs").is_dir()):
+        configs = sorted(c.stem for c in (directory / "configs").glob("*.yaml"))
+        if directory.name in configs:
+            names.append(directory.name)
+        elif configs:
+            names.append(f"{directory.name}:{configs[0]}")
+    return names
+
+
+def table(outcomes: Sequence[Outcome], *, command: str, seconds: float) -> str:
+    """The markdown the docs show: counts per class, then one row per environment."""
+    counts = Counter(o.outcome for o in outcomes)
+    today = datetime.date.today().isoformat()
+    lines = [
+        f"Generated {today} by `{command}` in {seconds / 60:.0f} min "
+        f"({len(outcomes)} environments, scripted policy on CPU).",
+        "",
+        "| outcome | environments |",
+        "|---|---|",
+        *(f"| {CLASSES[key]} | {counts[key]} |" for key in CLASSES if counts[key]),
+        "",
+        "| environment | outcome | reason | mean reward |",
+        "|---|---|---|---|",
+    ]
+    for o in sorted(outcomes, key=lambda o: (list(CLASSES).index(o.outcome), o.environment)):
+        reward = "" if o.mean_reward is None else f"{o.mean_reward:.2f}"
+        reason = o.reason.replace("|", "\\|").replace("\n", " ")
+        lines.append(f"| `{o.environment}` | {CLASSES[o.outcome]} | {reason} | {reward} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_docs(path: Path, markdown: str) -> None:
+    """Replace what is between the sweep markers of ``path`` with ``markdown``."""
+    text = path.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{path} has no {BEGIN} ... {END} markers to write between")
+    head, rest = text.split(BEGIN, 1)
+    _, tail_text = rest.split(END, 1)
+    path.write_text(f"{head}{BEGIN}\n{markdown}{END}{tail_text}")
+
+
+def _load(path: Path) -> dict[str, Outcome]:
+    if not path.is_file():
+        return {}
+    done = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            data = json.loads(line)
+            done[data["environment"]] = Outcome(**data)
+    return done
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--environments", help="comma-separated names (default: all shipped)")
+    parser.add_argument("--rows", type=int, default=2, help="example rows per environment")
+    parser.add_argument("--out", type=Path, default=Path("runs/gym_sweep.jsonl"))
+    parser.add_argument("--resume", action="store_true", help="skip environments in --out")
+    parser.add_argument("--docs", type=Path, help="write the table into this markdown file")
+    parser.add_argument("--ready-timeout", type=float, default=300.0)
+    parser.add_argument("--run-timeout", type=float, default=180.0)
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    venv = find_gym_venv()
+    names = (
+        [n.strip() for n in args.environments.split(",") if n.strip()]
+        if args.environments
+        else shipped_environments(venv)
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    results = _load(args.out) if args.resume else {}
+    if not args.resume:
+        args.out.write_text("")
+    began = time.monotonic()
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        start_serve(
+            mode="scripted", logprobs_mode="raw_logprobs", log_path=Path(tmp) / "serve.log"
+        ) as served,
+    ):
+        model = served.policy_model()
+        for index, name in enumerate(names, 1):
+            if name in results:
+                continue
+            outcome = sweep_one(
+                venv,
+                name,
+                model,
+                rows=args.rows,
+                workdir=Path(tmp) / name,
+                ready_timeout=args.ready_timeout,
+                run_timeout=args.run_timeout,
+            )
+            results[name] = outcome
+            with args.out.open("a") as out:
+                out.write(json.dumps(attrs.asdict(outcome)) + "\n")
+            print(
+                f"[{index}/{len(names)}] {name}: {CLASSES[outcome.outcome]} "
+                f"({outcome.seconds:.0f} s) {outcome.reason}",
+                flush=True,
+            )
+    seconds = time.monotonic() - began
+    outcomes = [results[n] for n in names if n in results]
+    command = "python benchmarks/gym_sweep.py" + (f" --rows {args.rows}" if args.rows != 2 else "")
+    markdown = table(outcomes, command=command, seconds=seconds)
+    print(markdown)
+    if args.docs is not None:
+        write_docs(args.docs, markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

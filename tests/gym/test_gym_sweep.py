@@ -1,0 +1,152 @@
+"""``benchmarks/gym_sweep.py``: its classification rules, and the script on a small subset.
+
+The full sweep (every shipped environment) is a benchmark, run by hand; this runs the same
+script end to end on two environments so it cannot rot: one that runs and one that cannot
+start, with the table written between the docs markers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from nemogym_sdk.gym import GymVenv
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "gym_sweep.py"
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gym_sweep", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gym_sweep"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+sweep = _load()
+
+
+def _server(tmp_path: Path, requirements: str, code: str, config: str) -> tuple[Path, Path]:
+    directory = tmp_path / "env"
+    (directory / "configs").mkdir(parents=True)
+    (directory / "requirements.txt").write_text(requirements)
+    (directory / "app.py").write_text(code)
+    config_path = directory / "configs" / "env.yaml"
+    config_path.write_text(config)
+    return directory, config_path
+
+
+def test_hints_read_requirements_code_and_config(tmp_path: Path) -> None:
+    """GPU packages, sandbox code and key-needing configs are found; nemo-gym lines ignored."""
+    directory, config = _server(
+        tmp_path,
+        "-e nemo-gym[dev] @ ../../\nvllm==0.9  # fast\ntavily-python\nnumpy\n",
+        "import docker\n",
+        "judge:\n  api_key: ${oc.env:OPENAI_API_KEY}\n",
+    )
+    found = sweep.hints(directory, config)
+    assert found["gpu"] == "requirements name vllm"
+    assert found["external"] == "requirements name tavily-python"
+    assert found["sandbox"] == "app.py uses import docker"
+
+
+def test_hints_are_empty_for_a_plain_environment(tmp_path: Path) -> None:
+    directory, config = _server(tmp_path, "numpy\nsympy>=1\n", "import json\n", "x: 1\n")
+    assert sweep.hints(directory, config) == {}
+
+
+def test_a_failure_message_outranks_hints_and_hints_outrank_the_stage() -> None:
+    """The message names the cause when it can; else a hint explains it; else the stage."""
+    cls, reason = sweep.classify_failure(
+        "start", "Traceback\nRuntimeError: Found no NVIDIA driver on your system", {}
+    )
+    assert (cls, reason) == ("gpu", "RuntimeError: Found no NVIDIA driver on your system")
+    cls, reason = sweep.classify_failure(
+        "run", "KeyError: 'x'", {"sandbox": "app.py uses apptainer"}
+    )
+    assert cls == "sandbox" and reason.startswith("app.py uses apptainer; run failed: KeyError")
+    assert sweep.classify_failure("requirements", "uv: no solution", {}) == (
+        "requirements",
+        "uv: no solution",
+    )
+
+
+def test_ordinary_log_lines_do_not_decide_the_class() -> None:
+    """A port or pid that reads like an HTTP status, or "GPU" in an INFO line, is no cause."""
+    log = (
+        "INFO:     Started server process [10403]\n"
+        "INFO:     model card says GPU recommended\n"
+        "ValueError: expected a list of messages\n"
+    )
+    assert sweep.classify_failure("run", log, {}) == (
+        "run",
+        "ValueError: expected a list of messages",
+    )
+    assert sweep.classify_failure("run", "httpx.HTTPStatusError: status 401", {})[0] == "external"
+
+
+def test_table_counts_each_class_and_sorts_rows() -> None:
+    outcomes = [
+        sweep.Outcome(environment="b", outcome="start", reason="ValueError: x|y"),
+        sweep.Outcome(environment="a", outcome="runs", reason="2/2", mean_reward=0.5),
+    ]
+    text = sweep.table(outcomes, command="python benchmarks/gym_sweep.py", seconds=120)
+    assert "| runs | 1 |" in text and "| start fails | 1 |" in text
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    assert rows == [
+        "| `a` | runs | 2/2 | 0.50 |",
+        "| `b` | start fails | ValueError: x\\|y |  |",
+    ]
+
+
+def test_write_docs_replaces_only_between_the_markers(tmp_path: Path) -> None:
+    doc = tmp_path / "page.md"
+    doc.write_text(f"# Title\n\n{sweep.BEGIN}\nold\n{sweep.END}\n\nafter\n")
+    sweep.write_docs(doc, "new table\n")
+    assert doc.read_text() == f"# Title\n\n{sweep.BEGIN}\nnew table\n{sweep.END}\n\nafter\n"
+    (tmp_path / "bare.md").write_text("no markers\n")
+    with pytest.raises(SystemExit, match="markers"):
+        sweep.write_docs(tmp_path / "bare.md", "x")
+
+
+@pytest.mark.gym
+def test_the_sweep_script_on_a_small_subset(gym_venv: GymVenv, tmp_path: Path) -> None:
+    """One environment that runs, one that is not an environment: both classified, table out."""
+    out = tmp_path / "sweep.jsonl"
+    doc = tmp_path / "page.md"
+    doc.write_text(f"{sweep.BEGIN}\n{sweep.END}\n")
+    completed = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--environments",
+            "example_single_tool_call,no_such_environment",
+            "--rows",
+            "1",
+            "--out",
+            str(out),
+            "--docs",
+            str(doc),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = {r["environment"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert results["example_single_tool_call"]["outcome"] == "runs"
+    assert results["example_single_tool_call"]["rows_scored"] == 1
+    assert results["no_such_environment"]["outcome"] == "start"
+    assert "no_such_environment" in results["no_such_environment"]["reason"]
+    table = doc.read_text()
+    assert "| `example_single_tool_call` | runs | 1/1 example rows scored |" in table
+    assert "| start fails | 1 |" in table

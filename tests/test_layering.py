@@ -1,0 +1,281 @@
+"""The layering inside the package, locked: which module may import which.
+
+Every module of ``nemogym_sdk`` is parsed with ``ast`` (nothing is imported) and each of
+its imports is checked against the table below, derived from DESIGN.md section 2 and the
+code as it stands:
+
+- core (pure: records, wire, turns, masks, collate, data, grpo, policy ...) imports only
+  the core; io (``_aio``, ``_session``, ``_ready``, directory, client, verify) imports core
+  and io; ``lora`` imports core, io and itself; ``serve`` imports core and itself;
+  ``gym`` imports core, io, itself and (lazily) ``serve``; ``testing`` imports core and
+  itself; each adapter imports core, io, ``lora``, ``serve`` and itself, never another
+  adapter; the reference trainer (``train``, ``train_config``) may import anything.
+- core and io never import torch, trl, vllm, axolotl, transformers or peft, at module
+  level or inside a function; the one exception is ``Batch.to_torch`` in ``records``
+  (fixed by the design, torch imported when called). Only the modules listed in
+  ``HEAVY_AT_IMPORT`` import a heavy framework when they load.
+- ``import nemogym_sdk`` loads no network, YAML or heavy module and none of the io layer.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import nemogym_sdk
+
+PACKAGE = Path(nemogym_sdk.__file__).parent
+ROOT = "nemogym_sdk"
+HEAVY = frozenset({"torch", "trl", "vllm", "axolotl", "transformers", "peft"})
+NETWORK = frozenset({"aiohttp", "requests", "yaml"})
+
+CORE = frozenset(
+    {
+        "nemogym_sdk",
+        "nemogym_sdk.collate",
+        "nemogym_sdk.data",
+        "nemogym_sdk.errors",
+        "nemogym_sdk.grpo",
+        "nemogym_sdk.hosts",
+        "nemogym_sdk.masks",
+        "nemogym_sdk.policy",
+        "nemogym_sdk.records",
+        "nemogym_sdk.rewards",
+        "nemogym_sdk.turns",
+        "nemogym_sdk.wire",
+    }
+)
+IO = frozenset(
+    {
+        "nemogym_sdk._aio",
+        "nemogym_sdk._ready",
+        "nemogym_sdk._session",
+        "nemogym_sdk.client",
+        "nemogym_sdk.directory",
+        "nemogym_sdk.verify",
+    }
+)
+APPS = frozenset({"nemogym_sdk.train", "nemogym_sdk.train_config"})
+ADAPTERS = ("axolotl", "torch", "trl")
+
+# Layer -> the layers its modules may import. The io modules that ``nemogym_sdk/__init__``
+# names lazily (inside ``__getattr__`` and under TYPE_CHECKING) are checked separately.
+MAY_IMPORT: dict[str, frozenset[str]] = {
+    "core": frozenset({"core"}),
+    "io": frozenset({"core", "io"}),
+    "lora": frozenset({"core", "io", "lora"}),
+    "serve": frozenset({"core", "serve"}),
+    "gym": frozenset({"core", "io", "gym", "serve"}),
+    "testing": frozenset({"core", "testing"}),
+    **{
+        f"adapters.{name}": frozenset(
+            {"core", "io", "lora", "serve", "adapters", f"adapters.{name}"}
+        )
+        for name in ADAPTERS
+    },
+    "adapters": frozenset({"core"}),
+    "apps": frozenset(
+        {"core", "io", "lora", "serve", "gym", "apps", *(f"adapters.{a}" for a in ADAPTERS)}
+    ),
+}
+
+# Function-level (lazy) heavy imports allowed in core/io: the design's Batch.to_torch.
+LAZY_HEAVY_ALLOWED = frozenset({("nemogym_sdk.records", "torch")})
+
+# Modules that import a heavy framework when they load (everything else loads without).
+HEAVY_AT_IMPORT = frozenset(
+    {
+        "nemogym_sdk.adapters.axolotl.producer",
+        "nemogym_sdk.adapters.torch",
+        "nemogym_sdk.adapters.torch._dist",
+        "nemogym_sdk.adapters.torch.logprobs",
+        "nemogym_sdk.adapters.torch.losses",
+        "nemogym_sdk.adapters.torch.step",
+        "nemogym_sdk.lora.callback",
+        "nemogym_sdk.serve.backend",
+        "nemogym_sdk.serve.sampling",
+    }
+)
+
+
+def layer(module: str) -> str:
+    """The layer of a ``nemogym_sdk`` module name."""
+    if module in CORE:
+        return "core"
+    if module in IO:
+        return "io"
+    if module in APPS:
+        return "apps"
+    parts = module.split(".")
+    if len(parts) >= 2 and parts[1] in ("lora", "serve", "gym", "testing"):
+        return parts[1]
+    if len(parts) >= 2 and parts[1] == "adapters":
+        return f"adapters.{parts[2]}" if len(parts) >= 3 else "adapters"
+    raise AssertionError(
+        f"{module} belongs to no layer: add it to the table in tests/test_layering.py"
+    )
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _type_checking_nodes(tree: ast.Module) -> set[int]:
+    """Ids of the import nodes inside ``if TYPE_CHECKING:`` blocks."""
+    found: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            found |= {id(inner) for stmt in node.body for inner in ast.walk(stmt)}
+    return found
+
+
+def imports(module: str, source: str, *, is_package: bool = False) -> Iterator[tuple[str, bool]]:
+    """``(absolute module imported, at module load?)`` for every import in ``source``.
+
+    TYPE_CHECKING imports are left out (they never run); an import nested in a function
+    counts as lazy, one anywhere else in the module body as at load.
+    """
+    tree = ast.parse(source)
+    skipped = _type_checking_nodes(tree)
+    lazy: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            lazy |= {id(inner) for inner in ast.walk(node)}
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        at_load = id(node) not in lazy
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, at_load
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if node.module is None or node.level:
+                # ``from . import x`` / ``from .pkg import x``: x may be a submodule
+                for alias in node.names:
+                    yield f"{target}.{alias.name}", at_load
+            else:
+                yield target, at_load
+
+
+def _owning_module(name: str) -> str:
+    """The package module an imported name refers to (``a.b.Name`` -> ``a.b`` if a file)."""
+    parts = name.split(".")
+    while parts:
+        candidate = PACKAGE.parent.joinpath(*parts)
+        if candidate.with_suffix(".py").exists() or (candidate / "__init__.py").exists():
+            return ".".join(parts)
+        parts.pop()
+    return ROOT
+
+
+def violations(module: str, source: str, *, is_package: bool = False) -> list[str]:
+    """Every import of ``module`` (given as source) that breaks the table."""
+    own = layer(module)
+    found = []
+    for name, at_load in imports(module, source, is_package=is_package):
+        top = name.split(".")[0]
+        if top in HEAVY:
+            if own in ("core", "io") and (module, top) not in LAZY_HEAVY_ALLOWED:
+                found.append(f"{module} imports {name} (core and io never import {top})")
+            elif at_load and module not in HEAVY_AT_IMPORT:
+                found.append(f"{module} imports {name} at load (not in HEAVY_AT_IMPORT)")
+            continue
+        if top != ROOT:
+            continue
+        if module == ROOT and not at_load:
+            continue  # the package's lazy public names: checked by the subprocess test
+        target = _owning_module(name)
+        other = layer(target)
+        if other not in MAY_IMPORT[own]:
+            found.append(f"{module} ({own}) imports {target} ({other})")
+    return found
+
+
+def package_modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_every_module_follows_the_import_table() -> None:
+    """No module of the package imports a layer its own layer may not import."""
+    found = []
+    for path in package_modules():
+        if "envs" in path.relative_to(PACKAGE).parts or path.name == "head_main.py":
+            continue  # run by NeMo Gym's interpreter, importing only NeMo Gym and stdlib
+        found += violations(
+            module_name(path), path.read_text(), is_package=path.name == "__init__.py"
+        )
+    assert not found, "\n".join(found)
+
+
+def test_gym_server_scripts_import_no_sdk_module_outside_themselves() -> None:
+    """Scripts that run in NeMo Gym's venv (toy envs, the head main) import no SDK layer."""
+    for path in package_modules():
+        rel = path.relative_to(PACKAGE).parts
+        if "envs" not in rel and path.name != "head_main.py":
+            continue
+        for name, _ in imports(module_name(path), path.read_text()):
+            assert name.split(".")[0] not in HEAVY, f"{path} imports {name}"
+            if name.startswith(f"{ROOT}."):
+                assert name.startswith(f"{ROOT}.gym.envs."), f"{path} imports {name}"
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "expected"),
+    [
+        ("nemogym_sdk.turns", "import torch\n", "core and io never import torch"),
+        ("nemogym_sdk.collate", "def f():\n    import transformers\n", "never import"),
+        ("nemogym_sdk.client", "from vllm import LLM\n", "never import vllm"),
+        ("nemogym_sdk.wire", "from nemogym_sdk.client import AgentClient\n", "(io)"),
+        ("nemogym_sdk.data", "from nemogym_sdk.gym import GymStack\n", "(gym)"),
+        (
+            "nemogym_sdk.adapters.trl.rollout",
+            "from nemogym_sdk.adapters.axolotl import NemoGymPlugin\n",
+            "(adapters.axolotl)",
+        ),
+        ("nemogym_sdk.serve.chat", "from nemogym_sdk.gym import GymStack\n", "(gym)"),
+        ("nemogym_sdk.gym.config", "import torch\n", "not in HEAVY_AT_IMPORT"),
+    ],
+)
+def test_a_forbidden_import_is_caught(module: str, source: str, expected: str) -> None:
+    """The checker flags a synthetic module that breaks the table (e.g. ``import torch`` in
+    a core module), so the table cannot silently pass everything."""
+    found = violations(module, source)
+    assert found and expected in found[0], found
+
+
+def test_allowed_imports_pass() -> None:
+    """Imports the table allows are not flagged (TYPE_CHECKING ones are ignored)."""
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "import numpy\n"
+        "from nemogym_sdk.records import Rollout\n"
+        "if TYPE_CHECKING:\n    import torch\n"
+    )
+    assert violations("nemogym_sdk.turns", source) == []
+    assert violations("nemogym_sdk.verify", "from nemogym_sdk._session import X\n") == []
+    assert violations("nemogym_sdk.gym.stack", "from nemogym_sdk.directory import X\n") == []
+
+
+def test_import_nemogym_sdk_loads_no_network_heavy_or_io_module() -> None:
+    """``import nemogym_sdk`` in a fresh interpreter loads none of aiohttp, requests, yaml,
+    the heavy frameworks, or the SDK's io, lora, gym, serve and adapter modules."""
+    lazy_sdk = sorted(IO) + [f"{ROOT}.{name}" for name in ("lora", "gym", "serve", "adapters")]
+    watched = sorted(HEAVY | NETWORK) + lazy_sdk
+    code = f"import sys, nemogym_sdk; print(','.join(m for m in {watched!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
