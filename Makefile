@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 # CPU build of torch: pinned here so a fresh machine does not pull a multi-GB CUDA build.
 # GPU users install their own torch before `pip install nemogym-sdk[serve]`.
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= dev,serve,trl,train
+EXTRAS ?= dev,serve,trl,train,testing
 # Real NeMo Gym (nemo-gym 0.7.0) needs Python 3.13 and lives in its own venv.
 GYM_VENV := .venv-gym
 NEMO_GYM_SPEC ?= nemo-gym==0.7.0

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from nemogym_sdk import Rollout, RolloutStatus, collate
 from nemogym_sdk.grpo import Aggregation, Scaling, compute_advantages, group_advantages
-from tests.strategies import (
+from nemogym_sdk.testing import (
     BINARY_OR_GRID,
     FAILED_STATUSES,
     GRID_REWARDS,

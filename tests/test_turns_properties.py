@@ -19,7 +19,7 @@ from nemogym_sdk import (
     collate,
     parse_agent_response,
 )
-from tests.strategies import Episode, episodes, json_values, mangled_responses, rollouts
+from nemogym_sdk.testing import Episode, episodes, json_values, mangled_responses, rollouts
 
 pytestmark = pytest.mark.property
 

@@ -1,0 +1,120 @@
+"""nemogym_sdk.testing: property tests for NeMo Gym parsers and trainer integrations.
+
+Install with ``pip install nemogym-sdk[testing]`` (it brings Hypothesis). Nothing here is
+imported by ``import nemogym_sdk``.
+
+- Strategies with ground truth: ``episodes()`` (well-formed or drifting ``/run`` results
+  and the exact sample each must give), ``drifted_episodes()``, ``failures()`` (failure
+  shapes and their ``RolloutStatus``), ``mangled_responses()``, ``json_values()``,
+  ``raw_responses()``; ``rollouts()``, ``reward_groups()``, ``grouped_rollouts()`` for
+  collation and GRPO code.
+- Property checks for any ``response -> sample`` function: ``Parser``, ``check_all`` and
+  the single ``check_*`` functions (``nemogym_sdk.testing.checks``).
+- A fake NeMo Gym agent on loopback with a fault plan: ``fake_agent()``
+  (``nemogym_sdk.testing.fake_agent``), and a pytest fixture: add
+  ``pytest_plugins = ["nemogym_sdk.testing.pytest_plugin"]`` to a ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+try:
+    import hypothesis  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "nemogym_sdk.testing needs Hypothesis: pip install 'nemogym-sdk[testing]'"
+    ) from exc
+
+from nemogym_sdk.testing.batches import (
+    BINARY_OR_GRID,
+    BINARY_OR_REWARDS,
+    FAILED_STATUSES,
+    GRID_REWARDS,
+    RewardGroups,
+    grouped_rollouts,
+    reward_groups,
+    rollouts,
+    scored_rollout,
+)
+from nemogym_sdk.testing.checks import (
+    CHECKS,
+    check_all,
+    check_drift_rejected,
+    check_env_tokens_not_trained,
+    check_failures_not_trained,
+    check_logprobs,
+    check_never_crashes,
+    check_stitching,
+    find_failures,
+)
+from nemogym_sdk.testing.episodes import (
+    DRIFT_KINDS,
+    LOGPROBS,
+    REWARDS,
+    TOKENS,
+    Episode,
+    drifted_episodes,
+    episodes,
+)
+from nemogym_sdk.testing.fake_agent import FakeAgent, Fault, Script, always, burst, fake_agent
+from nemogym_sdk.testing.parsers import (
+    Parser,
+    PropertyCheckError,
+    Sample,
+    rollout_samples,
+    sdk_parser,
+    seed_dict_samples,
+)
+from nemogym_sdk.testing.responses import (
+    FAILURE_KINDS,
+    FailureCase,
+    failures,
+    json_values,
+    mangled_responses,
+    raw_responses,
+)
+
+__all__ = [
+    "BINARY_OR_GRID",
+    "BINARY_OR_REWARDS",
+    "CHECKS",
+    "DRIFT_KINDS",
+    "FAILED_STATUSES",
+    "FAILURE_KINDS",
+    "GRID_REWARDS",
+    "LOGPROBS",
+    "REWARDS",
+    "TOKENS",
+    "Episode",
+    "FailureCase",
+    "FakeAgent",
+    "Fault",
+    "Parser",
+    "PropertyCheckError",
+    "RewardGroups",
+    "Sample",
+    "Script",
+    "always",
+    "burst",
+    "check_all",
+    "check_drift_rejected",
+    "check_env_tokens_not_trained",
+    "check_failures_not_trained",
+    "check_logprobs",
+    "check_never_crashes",
+    "check_stitching",
+    "drifted_episodes",
+    "episodes",
+    "failures",
+    "fake_agent",
+    "find_failures",
+    "grouped_rollouts",
+    "json_values",
+    "mangled_responses",
+    "raw_responses",
+    "reward_groups",
+    "rollout_samples",
+    "rollouts",
+    "scored_rollout",
+    "sdk_parser",
+    "seed_dict_samples",
+]

@@ -1,0 +1,240 @@
+"""Hypothesis strategies for well-formed and drifting NeMo Gym ``/run`` results.
+
+``episodes()`` draws a ``/run`` result of one to several model turns, with tool outputs
+and reasoning items between them, together with its ground truth (``Episode``): every
+turn's prompt, generation and logprobs, which turns drift and how, and the exact sample
+a correct parser must stitch. Tokens are small integers, so a shrunk counterexample
+reads like the drawings in the docs::
+
+    turn 0   prompt [3]        generation [4]
+    turn 1   prompt [3 4 5]    generation [6]      5 is an environment token
+
+    prompt_ids [3]   completion_ids [4 5 6]   env_mask [1 0 1]
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import attrs
+from hypothesis import strategies as st
+
+__all__ = [
+    "DRIFT_KINDS",
+    "LOGPROBS",
+    "REWARDS",
+    "TOKENS",
+    "Episode",
+    "drifted_episodes",
+    "episodes",
+]
+
+TOKENS = st.integers(min_value=3, max_value=50_000)
+"""Token ids (0-2 are left for pad, bos and eos)."""
+LOGPROBS = st.floats(min_value=-30.0, max_value=0.0, allow_nan=False, allow_infinity=False)
+"""Sampling logprobs."""
+REWARDS = st.floats(min_value=-10.0, max_value=10.0, allow_nan=False, allow_infinity=False)
+"""Episode rewards."""
+
+DriftKind = Literal["retokenized", "stripped", "rerendered"]
+DRIFT_KINDS: tuple[DriftKind, ...] = ("retokenized", "stripped", "rerendered")
+"""How a drifting prompt differs from the history: one token changed (a re-tokenization),
+the history cut short (stripped reasoning), or a token inserted (a re-rendered template)."""
+
+
+@attrs.frozen(kw_only=True)
+class Episode:
+    """A generated ``/run`` result and the per-turn token facts behind it."""
+
+    response: dict[str, Any]
+    """The ``/run`` result as NeMo Gym's agent returns it (a fresh dict per draw)."""
+    prompts: tuple[tuple[int, ...], ...]
+    """Each model turn's ``prompt_token_ids``."""
+    generations: tuple[tuple[int, ...], ...]
+    """Each model turn's ``generation_token_ids``."""
+    logprobs: tuple[tuple[float, ...], ...]
+    """Each model turn's ``generation_log_probs``."""
+    drift_turns: frozenset[int]
+    """Turns whose prompt does not start with the previous prompt + generation."""
+    drift_kinds: tuple[tuple[int, DriftKind], ...] = ()
+    """``(turn, kind)`` of every drifting turn, in turn order."""
+    reward: float
+
+    @property
+    def num_turns(self) -> int:
+        """Number of model turns."""
+        return len(self.prompts)
+
+    def history(self, turn: int) -> tuple[int, ...]:
+        """Previous turn's prompt + generation, as seen before ``turn``."""
+        return self.prompts[turn - 1] + self.generations[turn - 1]
+
+    def segments(self) -> list[list[int]]:
+        """Model turn indices grouped into samples, a new one at every drift turn."""
+        groups: list[list[int]] = [[0]]
+        for turn in range(1, self.num_turns):
+            if turn in self.drift_turns:
+                groups.append([turn])
+            else:
+                groups[-1].append(turn)
+        return groups
+
+    def expected_sample(self, turns: list[int] | None = None) -> dict[str, list[Any]]:
+        """What a contiguous run of ``turns`` (default: all) must stitch into: the seed's
+        ``prompt_ids``, ``completion_ids``, ``env_mask`` and ``logprobs``."""
+        turns = list(range(self.num_turns)) if turns is None else turns
+        completion: list[int] = []
+        mask: list[int] = []
+        logprobs: list[float] = []
+        for turn in turns:
+            if turn != turns[0]:
+                delta = self.prompts[turn][len(self.history(turn)) :]
+                completion += delta
+                mask += [0] * len(delta)
+                logprobs += [0.0] * len(delta)
+            completion += self.generations[turn]
+            mask += [1] * len(self.generations[turn])
+            logprobs += self.logprobs[turn]
+        return {
+            "prompt_ids": list(self.prompts[turns[0]]),
+            "completion_ids": completion,
+            "env_mask": mask,
+            "logprobs": logprobs,
+        }
+
+    def describe(self) -> str:
+        """The episode drawn turn by turn with its tokens (for failure messages)."""
+        lines = []
+        kinds = dict(self.drift_kinds)
+        for turn in range(self.num_turns):
+            note = f"   <- drifts ({kinds.get(turn, 'drift')})" if turn in self.drift_turns else ""
+            lines.append(
+                f"turn {turn}: prompt {_ids(self.prompts[turn])} generation "
+                f"{_ids(self.generations[turn])} logprobs {list(self.logprobs[turn])}{note}"
+            )
+        return "\n".join(lines)
+
+
+def _ids(tokens: tuple[int, ...] | list[int]) -> str:
+    return "[" + " ".join(str(t) for t in tokens) + "]"
+
+
+def _extends(prompt: list[int], history: list[int]) -> bool:
+    return prompt[: len(history)] == history
+
+
+@st.composite
+def _next_prompt(
+    draw: st.DrawFn, history: list[int], drift: bool, max_env: int
+) -> tuple[list[int], DriftKind | None]:
+    delta = draw(st.lists(TOKENS, max_size=max_env))
+    if not drift or not draw(st.booleans()):
+        return history + delta, None
+    kind = draw(st.sampled_from(DRIFT_KINDS))
+    body = list(history)
+    if kind == "retokenized":
+        i = draw(st.integers(0, len(body) - 1))
+        body[i] = body[i] + 1
+    elif kind == "stripped":
+        body = body[: draw(st.integers(0, len(body) - 1))]
+    else:
+        i = draw(st.integers(0, len(body) - 1))
+        body.insert(i, draw(TOKENS))
+    return body + delta, kind
+
+
+def _non_model_item(kind: str, turn: int) -> dict[str, Any]:
+    if kind == "function_call_output":
+        return {"type": "function_call_output", "call_id": f"call_{turn}", "output": '{"ok":1}'}
+    return {"type": "reasoning", "id": f"rs_{turn}", "summary": [{"type": "summary_text"}]}
+
+
+def _model_item(
+    kind: str, turn: int, prompt: list[int], gen: list[int], lps: list[float]
+) -> dict[str, Any]:
+    head: dict[str, Any]
+    if kind == "function_call":
+        head = {"type": "function_call", "name": "tool", "arguments": "{}", "call_id": f"c{turn}"}
+    else:
+        text = {"type": "output_text", "text": f"answer {turn}", "annotations": []}
+        head = {"type": "message", "role": "assistant", "content": [text]}
+    return head | {
+        "prompt_token_ids": prompt,
+        "generation_token_ids": gen,
+        "generation_log_probs": lps,
+    }
+
+
+@st.composite
+def episodes(
+    draw: st.DrawFn,
+    *,
+    drift: bool = False,
+    min_turns: int = 1,
+    max_turns: int = 6,
+    max_prompt: int = 12,
+    max_generation: int = 8,
+    max_env: int = 8,
+    logprobs: st.SearchStrategy[float] = LOGPROBS,
+) -> Episode:
+    """A ``/run`` result with ``min_turns``..``max_turns`` model turns.
+
+    Args:
+        drift: let later prompts drift from the history (each with probability about
+            one half); without it every prompt extends the history exactly.
+        min_turns: fewest model turns (at least 1).
+        max_turns: most model turns.
+        max_prompt: longest first prompt (at least one token).
+        max_generation: longest generation per turn (at least one token).
+        max_env: most environment tokens between two turns (tool output, template glue).
+        logprobs: strategy for each generated token's logprob.
+    """
+    if not 1 <= min_turns <= max_turns:
+        raise ValueError(f"need 1 <= min_turns <= max_turns, got {min_turns} and {max_turns}")
+    n_turns = draw(st.integers(min_turns, max_turns))
+    prompts: list[list[int]] = []
+    generations: list[list[int]] = []
+    lps_per_turn: list[list[float]] = []
+    kinds: list[tuple[int, DriftKind]] = []
+    output: list[dict[str, Any]] = []
+    for turn in range(n_turns):
+        if turn == 0:
+            prompt = draw(st.lists(TOKENS, min_size=1, max_size=max(1, max_prompt)))
+        else:
+            history = prompts[-1] + generations[-1]
+            prompt, kind = draw(_next_prompt(history, drift, max_env))
+            if not _extends(prompt, history):
+                kinds.append((turn, kind or "rerendered"))
+        generation = draw(st.lists(TOKENS, min_size=1, max_size=max(1, max_generation)))
+        lps = draw(st.lists(logprobs, min_size=len(generation), max_size=len(generation)))
+        items = st.lists(st.sampled_from(["function_call_output", "reasoning"]), max_size=2)
+        for item_kind in draw(items):
+            output.append(_non_model_item(item_kind, turn))
+        model_kind = draw(st.sampled_from(["function_call", "message"]))
+        output.append(_model_item(model_kind, turn, prompt, generation, lps))
+        prompts.append(prompt)
+        generations.append(generation)
+        lps_per_turn.append(lps)
+    reward = draw(REWARDS)
+    response = {
+        "responses_create_params": {"input": "hi"},
+        "response": {"output": output},
+        "reward": reward,
+    }
+    return Episode(
+        response=response,
+        prompts=tuple(map(tuple, prompts)),
+        generations=tuple(map(tuple, generations)),
+        logprobs=tuple(map(tuple, lps_per_turn)),
+        drift_turns=frozenset(turn for turn, _ in kinds),
+        drift_kinds=tuple(kinds),
+        reward=reward,
+    )
+
+
+def drifted_episodes(*, max_turns: int = 6, **options: Any) -> st.SearchStrategy[Episode]:
+    """Episodes in which at least one turn drifts (``Episode.drift_kinds`` says where and
+    how); ``options`` as for ``episodes``."""
+    return episodes(drift=True, min_turns=2, max_turns=max(2, max_turns), **options).filter(
+        lambda episode: bool(episode.drift_turns)
+    )
