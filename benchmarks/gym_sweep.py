@@ -35,7 +35,7 @@ import tempfile
 import time
 import traceback
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -174,7 +174,11 @@ def classify_failure(stage: str, message: str, hinted: dict[str, str]) -> tuple[
 
 def _one_line(message: str, pattern: re.Pattern[str] | None = None) -> str:
     """The most telling line: the one the pattern matched, else the last error-looking one."""
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    lines = [
+        line.strip()
+        for line in message.splitlines()
+        if line.strip() and not line.strip().startswith("For further information visit")
+    ]
     if pattern is not None:
         for line in reversed(lines):
             if pattern.search(line):
@@ -225,6 +229,10 @@ def sweep_one(
         message = f"{type(error).__name__}: {error}"
         return done(*classify_failure(stage, message, hinted))
     try:
+        if not stack.agent_urls:
+            allowed = sorted(set(_allowed_agents(stack.config.global_config)))
+            message = f"its config starts no agent (allowed_agents: {', '.join(allowed) or '-'})"
+            return done(*classify_failure("start", message, hinted))
         examples = stack.example_rows(name)[:rows]
         if not examples:
             return done("run", "ships no example rows")
@@ -251,6 +259,18 @@ def sweep_one(
         return done(*classify_failure("run", traceback.format_exc(limit=3), hinted))
     finally:
         stack.stop()
+
+
+def _allowed_agents(config: Mapping[str, Any]) -> list[str]:
+    """The agents resources servers name in ``allowed_agents`` (NeMo Gym pairs them)."""
+    return [
+        str(agent)
+        for block in config.values()
+        if isinstance(block, dict)
+        for inner in (block.get("resources_servers") or {}).values()
+        if isinstance(inner, dict)
+        for agent in inner.get("allowed_agents") or []
+    ]
 
 
 # ----------------------------------------------------------------------- all of them

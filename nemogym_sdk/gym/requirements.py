@@ -483,7 +483,8 @@ def _build(
     for name in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "CONDA_PREFIX"):
         child_env.pop(name, None)
     commands = [
-        [*uv, "venv", "--quiet", "--python", str(venv.python), str(target)],
+        # --allow-existing: the local packages were copied into target/src above
+        [*uv, "venv", "--quiet", "--allow-existing", "--python", str(venv.python), str(target)],
         [
             *uv,
             "pip",

@@ -38,6 +38,10 @@ with open(os.environ["FAKE_UV_CALLS"], "a") as log:
     log.write(json.dumps(args) + "\\n")
 if args[0] == "venv":
     target = Path(args[-1])
+    if target.exists() and "--allow-existing" not in args:  # as the real uv refuses
+        print("error: Failed to create virtual environment", file=sys.stderr)
+        print(f"  cause: A directory already exists at: {target}", file=sys.stderr)
+        sys.exit(2)
     (target / "bin").mkdir(parents=True, exist_ok=True)
     (target / "bin" / "python").symlink_to(sys.executable)
     time.sleep(float(os.environ.get("FAKE_UV_SLEEP", "0")))
@@ -412,3 +416,22 @@ def test_real_uv_fails_fast_on_an_unknown_package(gym_venv: GymVenv, tmp_path: P
     assert caught.value.requirements_path == source
     assert "nemogym-sdk-no-such-package-3f9c2e" in caught.value.log_tail
     assert not list((tmp_path / "cache").glob(f"*/{STAMP_NAME}"))
+
+
+def test_a_local_package_is_copied_into_the_venv_and_installed_from_there(
+    fake_uv: tuple[list[str], Path], tmp_path: Path
+) -> None:
+    """A requirement naming a local directory is installed from a copy inside the server's
+    venv (never built inside the NeMo Gym venv), and the venv is still created around it."""
+    uv, calls = fake_uv
+    venv = _mini_venv(tmp_path / "gym")
+    server = venv.server_dir("resources_servers", "harness")
+    _write(server / "pkg" / "pyproject.toml", "[project]\nname = 'pkg'\n")
+    _server(venv, "harness", "-e ./pkg\n")
+    built = prepare_server_environment(
+        venv, "resources_servers", "harness", cache_root=tmp_path / "cache", uv=uv
+    )
+    copy = built.root / "src" / "0-pkg"
+    assert built.root is not None and (copy / "pyproject.toml").is_file()
+    installed = Path(_calls(calls)[1][_calls(calls)[1].index("-r") + 1]).read_text()
+    assert str(copy) in installed and str(server / "pkg") not in installed
