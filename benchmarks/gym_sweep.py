@@ -72,6 +72,7 @@ _SANDBOX_CODE = re.compile(
     re.I,
 )
 _EXTERNAL_PACKAGES = re.compile(r"^(tavily[-_]python|serpapi|exa[-_]py|google-search\S*)\b", re.I)
+_GIT_SOURCE = re.compile(r"git(?:\+|\s*=\s*\")(https?://[^\s\"@#]+)")
 _EXTERNAL_CONFIG = re.compile(r"api_key|API_KEY|_TOKEN\b|\?\?\?")
 
 _FAILURE_MARKERS = (
@@ -81,7 +82,7 @@ _FAILURE_MARKERS = (
         "external",
         re.compile(
             r"api[_ ]?key|API[_ ]KEY|Unauthorized|Forbidden|\b(status|HTTP|code)\W{0,3}40[13]\b|"
-            r"Name or service not known|"
+            r"Name or service not known|Could not resolve host|github\.com|"
             r"Temporary failure in name resolution|getaddrinfo|huggingface\.co|"
             r"MissingMandatoryValue|Missing mandatory value",
             re.S,
@@ -127,6 +128,13 @@ def hints(directory: Path, config: Path) -> dict[str, str]:
     """
     found: dict[str, str] = {}
     names = _requirement_names(directory)
+    pyproject = directory / "pyproject.toml"
+    git = _GIT_SOURCE.findall(pyproject.read_text()) if pyproject.is_file() else []
+    requirements = directory / "requirements.txt"
+    if requirements.is_file():
+        git += _GIT_SOURCE.findall(requirements.read_text())
+    if git:
+        found["external"] = f"installs from git ({git[0]})"
     gpu = [n for n in names if _GPU_PACKAGES.match(n)]
     if gpu:
         found["gpu"] = f"requirements name {', '.join(gpu)}"

@@ -58,6 +58,21 @@ def test_hints_read_requirements_code_and_config(tmp_path: Path) -> None:
     assert found["sandbox"] == "app.py uses import docker"
 
 
+def test_a_git_source_is_an_external_service(tmp_path: Path) -> None:
+    """A requirement fetched from git (this box, like many clusters, reaches only PyPI)."""
+    directory, config = _server(
+        tmp_path, "tool @ git+https://github.com/org/tool.git@v1\n", "", "x: 1\n"
+    )
+    assert sweep.hints(directory, config) == {
+        "external": "installs from git (https://github.com/org/tool.git)"
+    }
+    (directory / "requirements.txt").unlink()
+    (directory / "pyproject.toml").write_text(
+        '[tool.uv.sources]\ntool = { git = "https://github.com/org/other.git" }\n'
+    )
+    assert sweep.hints(directory, config)["external"].endswith("(https://github.com/org/other.git)")
+
+
 def test_hints_are_empty_for_a_plain_environment(tmp_path: Path) -> None:
     directory, config = _server(tmp_path, "numpy\nsympy>=1\n", "import json\n", "x: 1\n")
     assert sweep.hints(directory, config) == {}

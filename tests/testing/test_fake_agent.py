@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from nemogym_sdk import AgentClient, RetryPolicy, RolloutStatus, Timeouts
 from nemogym_sdk.testing import Episode, FakeAgent, Fault, Script, always, burst, episodes
 from nemogym_sdk.testing.fake_agent import RETRYABLE, fake_agent
+from tests.fakes import SINGLE_TURN
 
 EOS = 2
 FAST_RETRY = RetryPolicy(max_attempts=3, base_delay=0.001, max_delay=0.01)
@@ -105,20 +106,3 @@ def test_an_empty_response_list_is_refused() -> None:
     """Serving nothing is a mistake in the test, said at once."""
     with pytest.raises(ValueError, match="at least one response"), fake_agent([]):
         pass
-
-
-SINGLE_TURN: dict[str, Any] = {
-    "response": {
-        "output": [
-            {
-                "type": "message",
-                "role": "assistant",
-                "content": [{"type": "output_text", "text": "done", "annotations": []}],
-                "prompt_token_ids": [1, 2, 3],
-                "generation_token_ids": [7, 8],
-                "generation_log_probs": [-0.5, -0.25],
-            }
-        ]
-    },
-    "reward": 1.0,
-}
