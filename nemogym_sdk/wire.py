@@ -663,6 +663,26 @@ class ServerInstance(NamedTuple):
     """``port`` it listens on."""
 
 
+def encode_server_instance(
+    instance: ServerInstance, *, url: str, dir_path: str, entrypoint: str, pid: int, started: float
+) -> dict[str, Any]:
+    """One ``/server_instances`` entry as NeMo Gym's head server lists it
+    (``ServerInstanceDisplayConfig``): what a stack the SDK started reports."""
+    return {
+        PROCESS_NAME: instance.name,
+        SERVER_TYPE: instance.server_type,
+        NAME: instance.implementation,
+        "dir_path": dir_path,
+        "entrypoint": entrypoint,
+        HOST: instance.host,
+        PORT: instance.port,
+        "url": url,
+        "pid": pid,
+        CONFIG_PATH: instance.name,
+        "start_time": started,
+    }
+
+
 def decode_server_instance(entry: Any) -> ServerInstance | None:
     """One ``/server_instances`` entry, or None when it lacks a name, host or port."""
     if not isinstance(entry, Mapping):

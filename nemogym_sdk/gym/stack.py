@@ -39,7 +39,12 @@ from nemogym_sdk.directory import ServerDirectory, ServerInfo
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.gym.catalog import missing_data_files
 from nemogym_sdk.gym.config import build_stack_config
-from nemogym_sdk.gym.locate import GymVenv, find_gym_venv, locate_environment
+from nemogym_sdk.gym.locate import (
+    GymVenv,
+    find_gym_venv,
+    locate_environment,
+    split_environment_name,
+)
 from nemogym_sdk.gym.overlay import FileSource, make_overlay
 from nemogym_sdk.gym.process import ServerProcess, spawn, stop_all, wait_answering, wait_ready
 from nemogym_sdk.gym.requirements import ServerEnvironment, prepare_server_environment
@@ -52,6 +57,7 @@ from nemogym_sdk.gym.specs import (
     StackConfig,
 )
 from nemogym_sdk.records import TaskRow
+from nemogym_sdk.wire import ServerInstance, encode_server_instance
 
 __all__ = ["HEAD_SERVER_NAME", "GymStack"]
 
@@ -399,34 +405,34 @@ class GymStack:
         """One ``ServerInstanceDisplayConfig`` per server, as ``gym env start`` lists them."""
         now = time.time()
         by_name = {p.name: p for p in self._processes}
-        items = []
-        for spec in self.config.servers:
-            items.append(
-                {
-                    "process_name": spec.instance,
-                    "server_type": spec.server_type,
-                    "name": spec.impl,
-                    "dir_path": str(self._dirs[f"{spec.server_type}/{spec.impl}"]),
-                    "entrypoint": spec.entrypoint,
-                    "host": spec.host,
-                    "port": spec.port,
-                    "url": spec.url,
-                    "pid": by_name[spec.instance].pid,
-                    "config_path": spec.instance,
-                    "start_time": now,
-                }
+        return [
+            encode_server_instance(
+                ServerInstance(
+                    name=spec.instance,
+                    server_type=spec.server_type,
+                    implementation=spec.impl,
+                    host=spec.host,
+                    port=spec.port,
+                ),
+                url=spec.url,
+                dir_path=str(self._dirs[f"{spec.server_type}/{spec.impl}"]),
+                entrypoint=spec.entrypoint,
+                pid=by_name[spec.instance].pid,
+                started=now,
             )
-        return items
+            for spec in self.config.servers
+        ]
 
     def _server_dirs(self) -> dict[str, Path]:
         """``server_type/impl`` -> the directory each server runs in (overlay, venv or SDK)."""
         files = {key: dict(extra) for key, extra in self._server_files.items()}
         for environment in self._environments:
-            key = f"resources_servers/{environment}"
+            directory, _ = split_environment_name(environment)
+            key = f"resources_servers/{directory}"
             given = files.setdefault(key, {})
             stand_ins = {
                 path: text
-                for path, text in missing_data_files(self._venv, environment).items()
+                for path, text in missing_data_files(self._venv, directory).items()
                 if path not in given
             }
             if stand_ins:

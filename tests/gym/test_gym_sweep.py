@@ -134,7 +134,8 @@ def test_write_docs_replaces_only_between_the_markers(tmp_path: Path) -> None:
 
 @pytest.mark.gym
 def test_the_sweep_script_on_a_small_subset(gym_venv: GymVenv, tmp_path: Path) -> None:
-    """One environment that runs, one that is not an environment: both classified, table out."""
+    """An environment that runs, a config variant of another (``<dir>:<config>``), and a
+    name that is no environment: each classified, the table written between the markers."""
     out = tmp_path / "sweep.jsonl"
     doc = tmp_path / "page.md"
     doc.write_text(f"{sweep.BEGIN}\n{sweep.END}\n")
@@ -143,7 +144,7 @@ def test_the_sweep_script_on_a_small_subset(gym_venv: GymVenv, tmp_path: Path) -
             sys.executable,
             str(SCRIPT),
             "--environments",
-            "example_single_tool_call,no_such_environment",
+            "example_single_tool_call,equivalence_rule:lc,no_such_environment",
             "--rows",
             "1",
             "--out",
@@ -160,8 +161,9 @@ def test_the_sweep_script_on_a_small_subset(gym_venv: GymVenv, tmp_path: Path) -
     results = {r["environment"]: r for r in map(json.loads, out.read_text().splitlines())}
     assert results["example_single_tool_call"]["outcome"] == "runs"
     assert results["example_single_tool_call"]["rows_scored"] == 1
+    assert results["equivalence_rule:lc"]["outcome"] == "runs"
     assert results["no_such_environment"]["outcome"] == "start"
     assert "no_such_environment" in results["no_such_environment"]["reason"]
     table = doc.read_text()
     assert "| `example_single_tool_call` | runs | 1/1 example rows scored |" in table
-    assert "| start fails | 1 |" in table
+    assert "| runs | 2 |" in table and "| start fails | 1 |" in table
