@@ -158,8 +158,8 @@ def hints(directory: Path, config: Path) -> dict[str, str]:
 
 
 _ERROR_LINE = re.compile(
-    r"Error|error|Exception|Traceback|failed|FAILED|refused|denied|Unauthorized|Forbidden|"
-    r"not found|No module|Missing|missing|requires?\b"
+    r"\w*Error\b|\berror\b|\w*Exception\b|Traceback|\bfailed\b|FAILED|refused|denied|"
+    r"Unauthorized|Forbidden|not found|No module|\b[Mm]issing\b|\brequired\b"
 )
 
 
@@ -262,6 +262,8 @@ def sweep_one(
         reasons = "; ".join(sorted({f"{r.status.value}: {r.error}" for r in rollouts}))
         logs = "\n".join(tail(path, 40) for path in stack.log_paths.values())
         outcome, line = classify_failure("run", f"{logs}\n{reasons}", hinted)
+        if outcome == "run":  # no cause named anywhere: what the client saw says most
+            line = _one_line(reasons)
         return done(outcome, line, rows_played=len(rollouts))
     except Exception:  # noqa: BLE001 -- as above
         return done(*classify_failure("run", traceback.format_exc(limit=3), hinted))
@@ -290,21 +292,40 @@ def shipped_environments(venv: GymVenv) -> list[str]:
     root = venv.site_packages / "resources_servers"
     names = []
     for directory in sorted(p for p in root.iterdir() if (p / "configs").is_dir()):
-        configs = sorted(c.stem for c in (directory / "configs").glob("*.yaml"))
-        if directory.name in configs:
+        configs = sorted((directory / "configs").glob("*.yaml"))
+        if any(c.stem == directory.name for c in configs):
             names.append(directory.name)
         elif configs:
-            names.append(f"{directory.name}:{configs[0]}")
+            names.append(f"{directory.name}:{_variant_for_examples(directory, configs).stem}")
     return names
 
 
-def table(outcomes: Sequence[Outcome], *, command: str, seconds: float) -> str:
-    """The markdown the docs show: counts per class, then one row per environment."""
+def _variant_for_examples(directory: Path, configs: Sequence[Path]) -> Path:
+    """The config defining the agent the example rows name (``agent_ref``), else the first."""
+    example = directory / "data" / "example.jsonl"
+    first = example.read_text().split("\n", 1)[0] if example.is_file() else ""
+    try:
+        agent = (json.loads(first).get("agent_ref") or {}).get("name")
+    except (json.JSONDecodeError, AttributeError):
+        agent = None
+    for config in configs:
+        if agent and re.search(rf"^{re.escape(agent)}:", config.read_text(), re.M):
+            return config
+    return configs[0]
+
+
+def table(outcomes: Sequence[Outcome], *, command: str) -> str:
+    """The markdown the docs show: counts per class, then one row per environment.
+
+    The time is the sum of the environments' own times (start, play, stop), so it is the
+    sweep's wall time even when ``--resume`` assembled it from several invocations.
+    """
     counts = Counter(o.outcome for o in outcomes)
     today = datetime.date.today().isoformat()
+    minutes = sum(o.seconds for o in outcomes) / 60
     lines = [
-        f"Generated {today} by `{command}` in {seconds / 60:.0f} min "
-        f"({len(outcomes)} environments, scripted policy on CPU).",
+        f"Generated {today} by `{command}`: {len(outcomes)} environments in {minutes:.0f} min "
+        "(2 CPU cores, scripted policy and judges).",
         "",
         "| outcome | environments |",
         "|---|---|",
@@ -350,6 +371,9 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument("--docs", type=Path, help="write the table into this markdown file")
     parser.add_argument("--ready-timeout", type=float, default=300.0)
     parser.add_argument("--run-timeout", type=float, default=180.0)
+    parser.add_argument(
+        "--report-only", action="store_true", help="write the table from --out, start nothing"
+    )
     args = parser.parse_args(list(argv) if argv is not None else None)
     venv = find_gym_venv()
     names = (
@@ -358,10 +382,25 @@ def main(argv: Iterable[str] | None = None) -> int:
         else shipped_environments(venv)
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    results = _load(args.out) if args.resume else {}
-    if not args.resume:
-        args.out.write_text("")
-    began = time.monotonic()
+    results = _load(args.out) if args.resume or args.report_only else {}
+    if not args.report_only:
+        if not args.resume:
+            args.out.write_text("")
+        _sweep(venv, [n for n in names if n not in results], results, args)
+    outcomes = [results[n] for n in names if n in results]
+    command = "python benchmarks/gym_sweep.py" + (f" --rows {args.rows}" if args.rows != 2 else "")
+    markdown = table(outcomes, command=command)
+    print(markdown)
+    if args.docs is not None:
+        write_docs(args.docs, markdown)
+    return 0
+
+
+def _sweep(
+    venv: GymVenv, names: Sequence[str], results: dict[str, Outcome], args: argparse.Namespace
+) -> None:
+    """Sweep ``names`` one by one against one scripted server; each result appended to
+    ``args.out`` as it is known."""
     with (
         tempfile.TemporaryDirectory() as tmp,
         start_serve(
@@ -370,14 +409,12 @@ def main(argv: Iterable[str] | None = None) -> int:
     ):
         model = served.policy_model()
         for index, name in enumerate(names, 1):
-            if name in results:
-                continue
             outcome = sweep_one(
                 venv,
                 name,
                 model,
                 rows=args.rows,
-                workdir=Path(tmp) / name,
+                workdir=Path(tmp) / name.replace(":", "_"),
                 ready_timeout=args.ready_timeout,
                 run_timeout=args.run_timeout,
             )
@@ -389,14 +426,6 @@ def main(argv: Iterable[str] | None = None) -> int:
                 f"({outcome.seconds:.0f} s) {outcome.reason}",
                 flush=True,
             )
-    seconds = time.monotonic() - began
-    outcomes = [results[n] for n in names if n in results]
-    command = "python benchmarks/gym_sweep.py" + (f" --rows {args.rows}" if args.rows != 2 else "")
-    markdown = table(outcomes, command=command, seconds=seconds)
-    print(markdown)
-    if args.docs is not None:
-        write_docs(args.docs, markdown)
-    return 0
 
 
 if __name__ == "__main__":

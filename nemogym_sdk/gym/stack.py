@@ -39,6 +39,7 @@ from nemogym_sdk.directory import ServerDirectory, ServerInfo
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.gym.catalog import missing_data_files
 from nemogym_sdk.gym.config import build_stack_config
+from nemogym_sdk.gym.errors import UvNotFoundError
 from nemogym_sdk.gym.locate import (
     GymVenv,
     find_gym_venv,
@@ -47,7 +48,7 @@ from nemogym_sdk.gym.locate import (
 )
 from nemogym_sdk.gym.overlay import FileSource, make_overlay
 from nemogym_sdk.gym.process import ServerProcess, spawn, stop_all, wait_answering, wait_ready
-from nemogym_sdk.gym.requirements import ServerEnvironment, prepare_server_environment
+from nemogym_sdk.gym.requirements import ServerEnvironment, find_uv, prepare_server_environment
 from nemogym_sdk.gym.specs import (
     AGENTS,
     MODELS,
@@ -488,8 +489,8 @@ class GymStack:
     def _child_env(self, config_text: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
         env = {k: v for k, v in env.items() if not k.startswith("NEMO_GYM_")}
-        bin_dir = str(self._venv.python.parent)
-        env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
+        bin_dirs = [str(self._venv.python.parent), *_uv_dir()]
+        env["PATH"] = os.pathsep.join([*bin_dirs, env.get("PATH", "")])
         env["VIRTUAL_ENV"] = str(self._venv.root)
         env["PYTHONUNBUFFERED"] = "1"
         # Never write __pycache__ into the venv or the SDK's package (envs/<name>/rules.py).
@@ -536,6 +537,17 @@ class GymStack:
         if path is None:
             raise ConfigError(f"{environment!r} is not an environment of this stack")
         return read_rows(path)
+
+
+def _uv_dir() -> list[str]:
+    """The directory of the ``uv`` executable the SDK uses, if any: NeMo Gym's launcher has
+    uv on its servers' PATH, and some servers run it at start-up (bigcodebench builds its
+    sandbox venv with it)."""
+    try:
+        command = find_uv()
+    except UvNotFoundError:
+        return []
+    return [str(Path(command[0]).parent)] if len(command) == 1 else []
 
 
 def _venv_env(base_env: Mapping[str, str], venv_root: Path | None) -> dict[str, str]:

@@ -110,10 +110,11 @@ def test_ordinary_log_lines_do_not_decide_the_class() -> None:
 
 def test_table_counts_each_class_and_sorts_rows() -> None:
     outcomes = [
-        sweep.Outcome(environment="b", outcome="start", reason="ValueError: x|y"),
-        sweep.Outcome(environment="a", outcome="runs", reason="2/2", mean_reward=0.5),
+        sweep.Outcome(environment="b", outcome="start", reason="ValueError: x|y", seconds=50),
+        sweep.Outcome(environment="a", outcome="runs", reason="2/2", mean_reward=0.5, seconds=70),
     ]
-    text = sweep.table(outcomes, command="python benchmarks/gym_sweep.py", seconds=120)
+    text = sweep.table(outcomes, command="python benchmarks/gym_sweep.py")
+    assert "2 environments in 2 min" in text
     assert "| runs | 1 |" in text and "| start fails | 1 |" in text
     rows = [line for line in text.splitlines() if line.startswith("| `")]
     assert rows == [
@@ -167,3 +168,16 @@ def test_the_sweep_script_on_a_small_subset(gym_venv: GymVenv, tmp_path: Path) -
     table = doc.read_text()
     assert "| `example_single_tool_call` | runs | 1/1 example rows scored |" in table
     assert "| runs | 2 |" in table and "| start fails | 1 |" in table
+    # the table again from the results alone, nothing started
+    again = tmp_path / "again.md"
+    again.write_text(f"{sweep.BEGIN}\n{sweep.END}\n")
+    names = "example_single_tool_call,equivalence_rule:lc,no_such_environment"
+    report = ["--report-only", "--environments", names, "--rows", "1", "--out", str(out)]
+    subprocess.run(
+        [sys.executable, str(SCRIPT), *report, "--docs", str(again)],
+        check=True,
+        capture_output=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert again.read_text() == table
