@@ -13,6 +13,7 @@ import yaml
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.gym import GymStack, PolicyModel
 from nemogym_sdk.gym.process import group_alive
+from nemogym_sdk.gym.requirements import find_uv
 
 from .fakes import make_venv
 
@@ -98,3 +99,14 @@ def test_child_environment_is_scrubbed(tmp_path: Path, monkeypatch: pytest.Monke
     assert env["X_EXTRA"] == "1"
     assert env["PATH"].split(os.pathsep)[0] == str(venv.root / "bin")
     assert json.loads(json.dumps(env))  # plain strings only
+
+
+def test_servers_find_the_sdks_uv_on_their_path(tmp_path: Path) -> None:
+    """NeMo Gym's launcher runs servers with uv on PATH and some use it at start-up; the
+    stack puts the uv it builds per-server venvs with first on its servers' PATH."""
+    stack = GymStack(
+        ["toy"], PolicyModel(base_url="http://x/v1", model="m"), venv=make_venv(tmp_path / "v")
+    )
+    path = stack._child_env("config: {}")["PATH"].split(os.pathsep)
+    assert path[0] == str(tmp_path / "v" / "bin")
+    assert path[1] == str(Path(find_uv()[0]).parent)
