@@ -83,6 +83,7 @@ _FAILURE_MARKERS = (
         re.compile(
             r"api[_ ]?key|API[_ ]KEY|Unauthorized|Forbidden|\b(status|HTTP|code)\W{0,3}40[13]\b|"
             r"Name or service not known|Could not resolve host|github\.com|"
+            r"nltk\.download|NLTK Downloader|Resource '?[\w/]+'? not found|"
             r"Temporary failure in name resolution|getaddrinfo|huggingface\.co|"
             r"MissingMandatoryValue|Missing mandatory value",
             re.S,
@@ -157,9 +158,11 @@ def hints(directory: Path, config: Path) -> dict[str, str]:
     return found
 
 
+_MISSING_FIELD = re.compile(r"^(\w+)\n\s+Field required", re.M)
 _ERROR_LINE = re.compile(
     r"\w*Error\b|\berror\b|\w*Exception\b|Traceback|\bfailed\b|FAILED|refused|denied|"
-    r"Unauthorized|Forbidden|not found|No module|\b[Mm]issing\b|\brequired\b"
+    r"Unauthorized|Forbidden|not found|No module|\b[Mm]issing\b|\brequired\b|"
+    r"^\s*\w*(api_key|_token)\s*$"  # the field a pydantic ValidationError names
 )
 
 
@@ -169,15 +172,19 @@ def classify_failure(stage: str, message: str, hinted: dict[str, str]) -> tuple[
     Only lines that read as errors are searched for causes, so a server's ordinary log
     lines (a port number, a model name) cannot decide the class.
     """
+    missing = _MISSING_FIELD.findall(message)  # pydantic: the config lacks these settings
     errors = [line for line in message.splitlines() if _ERROR_LINE.search(line)]
     message = "\n".join(errors) or message
     for name, pattern in _FAILURE_MARKERS:
         if pattern.search(message):
             return name, _one_line(message, pattern)
+    line = _one_line(message)
+    if missing:
+        line = f"{line}: {', '.join(dict.fromkeys(missing))} not set"
     for name in ("gpu", "sandbox", "external"):
         if name in hinted:
-            return name, f"{hinted[name]}; {stage} failed: {_one_line(message)}"
-    return stage, _one_line(message)
+            return name, f"{hinted[name]}; {stage} failed: {line}"
+    return stage, line
 
 
 def _one_line(message: str, pattern: re.Pattern[str] | None = None) -> str:
@@ -336,9 +343,24 @@ def table(outcomes: Sequence[Outcome], *, command: str) -> str:
     ]
     for o in sorted(outcomes, key=lambda o: (list(CLASSES).index(o.outcome), o.environment)):
         reward = "" if o.mean_reward is None else f"{o.mean_reward:.2f}"
-        reason = o.reason.replace("|", "\\|").replace("\n", " ")
+        reason = _tidy(o.reason).replace("|", "\\|").replace("\n", " ")
         lines.append(f"| `{o.environment}` | {CLASSES[o.outcome]} | {reason} | {reward} |")
     return "\n".join(lines) + "\n"
+
+
+_MACHINE_PATHS = (
+    (re.compile(r"/[^\s'\"]*?/server-envs/[\w.-]+/"), "<server venv>/"),
+    (re.compile(r"/[^\s'\"]*?/site-packages/"), "<site-packages>/"),
+    (re.compile(r"/tmp/tmp\w+/"), "<workdir>/"),
+    (re.compile(r"127\.0\.0\.1:\d+"), "127.0.0.1:<port>"),
+)
+
+
+def _tidy(reason: str) -> str:
+    """A reason without this machine's paths and ports, as the docs show it."""
+    for pattern, replacement in _MACHINE_PATHS:
+        reason = pattern.sub(replacement, reason)
+    return reason
 
 
 def write_docs(path: Path, markdown: str) -> None:

@@ -108,6 +108,26 @@ def test_ordinary_log_lines_do_not_decide_the_class() -> None:
     assert sweep.classify_failure("run", "httpx.HTTPStatusError: status 401", {})[0] == "external"
 
 
+def test_a_missing_key_in_a_validation_error_is_an_external_service() -> None:
+    """pydantic names the missing field on a line of its own; NLTK asks for a download."""
+    message = (
+        "pydantic_core._pydantic_core.ValidationError: 2 validation errors for SearchConfig\n"
+        "exa_api_key\n"
+        "  Field required [type=missing, input_value={}, input_type=dict]\n"
+        "    For further information visit https://errors.pydantic.dev/2.14/v/missing\n"
+    )
+    assert sweep.classify_failure("start", message, {}) == ("external", "exa_api_key")
+    nltk = "LookupError:\n  Resource 'wordnet' not found.\n  >>> nltk.download('wordnet')\n"
+    found = sweep.classify_failure("start", nltk, {})
+    assert found == ("external", "Resource 'wordnet' not found.")
+    unset = message.replace("exa_api_key", "image")
+    assert sweep.classify_failure("start", unset, {}) == (
+        "start",
+        "pydantic_core._pydantic_core.ValidationError: 2 validation errors for SearchConfig: "
+        "image not set",
+    )
+
+
 def test_table_counts_each_class_and_sorts_rows() -> None:
     outcomes = [
         sweep.Outcome(environment="b", outcome="start", reason="ValueError: x|y", seconds=50),
