@@ -73,6 +73,9 @@ _SANDBOX_CODE = re.compile(
 )
 _EXTERNAL_PACKAGES = re.compile(r"^(tavily[-_]python|serpapi|exa[-_]py|google-search\S*)\b", re.I)
 _GIT_SOURCE = re.compile(r"git(?:\+|\s*=\s*\")(https?://[^\s\"@#]+)")
+_LOCAL_VLLM_CONFIG = re.compile(
+    r"\b(vllm_serve_kwargs|tensor_parallel_size|gpu_memory_utilization)\b"
+)
 _EXTERNAL_CONFIG = re.compile(r"api_key|API_KEY|_TOKEN\b|\?\?\?")
 
 _FAILURE_MARKERS = (
@@ -152,6 +155,8 @@ def hints(directory: Path, config: Path) -> dict[str, str]:
         if "sandbox" not in found and match:
             found["sandbox"] = f"{path.relative_to(directory)} uses {match.group(0).strip()}"
     text = config.read_text(errors="replace") if config.is_file() else ""
+    if "gpu" not in found and (serves := _LOCAL_VLLM_CONFIG.search(text)):
+        found["gpu"] = f"{config.name} starts its own vLLM ({serves.group(0)})"
     match = _EXTERNAL_CONFIG.search(text)
     if "external" not in found and match:
         found["external"] = f"{config.name} asks for {match.group(0)}"

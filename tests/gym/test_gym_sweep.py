@@ -73,6 +73,15 @@ def test_a_git_source_is_an_external_service(tmp_path: Path) -> None:
     assert sweep.hints(directory, config)["external"].endswith("(https://github.com/org/other.git)")
 
 
+def test_a_config_that_starts_its_own_vllm_needs_a_gpu(tmp_path: Path) -> None:
+    directory, config = _server(
+        tmp_path, "", "", "genrm:\n  vllm_serve_kwargs:\n    tensor_parallel_size: 8\n"
+    )
+    assert sweep.hints(directory, config) == {
+        "gpu": "env.yaml starts its own vLLM (vllm_serve_kwargs)"
+    }
+
+
 def test_hints_are_empty_for_a_plain_environment(tmp_path: Path) -> None:
     directory, config = _server(tmp_path, "numpy\nsympy>=1\n", "import json\n", "x: 1\n")
     assert sweep.hints(directory, config) == {}
