@@ -80,7 +80,7 @@ _EXTERNAL_CONFIG = re.compile(r"api_key|API_KEY|_TOKEN\b|\?\?\?")
 
 _FAILURE_MARKERS = (
     ("gpu", re.compile(r"CUDA|cuda|nvidia|NVIDIA|GPU|no accelerator", re.S)),
-    ("sandbox", re.compile(r"docker|Docker|sandbox|apptainer|singularity", re.S)),
+    ("sandbox", re.compile(r"docker|sandbox|apptainer|singularity", re.S | re.I)),
     (
         "external",
         re.compile(

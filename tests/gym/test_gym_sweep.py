@@ -93,6 +93,10 @@ def test_a_failure_message_outranks_hints_and_hints_outrank_the_stage() -> None:
         "start", "Traceback\nRuntimeError: Found no NVIDIA driver on your system", {}
     )
     assert (cls, reason) == ("gpu", "RuntimeError: Found no NVIDIA driver on your system")
+    assert sweep.classify_failure("start", "RuntimeError: Sandbox not ready after 240s", {}) == (
+        "sandbox",
+        "RuntimeError: Sandbox not ready after 240s",
+    )
     cls, reason = sweep.classify_failure(
         "run", "KeyError: 'x'", {"sandbox": "app.py uses apptainer"}
     )
