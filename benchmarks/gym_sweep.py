@@ -42,9 +42,11 @@ from typing import Any
 import attrs
 
 from nemogym_sdk import AgentClient, RolloutStatus, Timeouts
+from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.gym import GymStack, GymVenv, PolicyModel, find_gym_venv, start_serve
 from nemogym_sdk.gym.locate import locate_environment
 from nemogym_sdk.gym.process import tail
+from nemogym_sdk.gym.requirements import read_server_requirements
 from nemogym_sdk.serve.tiny import build_tiny_tokenizer
 
 CLASSES = {
@@ -114,15 +116,12 @@ class Outcome:
 
 
 def _requirement_names(directory: Path) -> list[str]:
-    path = directory / "requirements.txt"
-    if not path.is_file():
+    """The packages a server installs (read as `GymStack` reads them), by name."""
+    try:
+        packages = read_server_requirements(directory).packages
+    except ConfigError:
         return []
-    names = []
-    for line in path.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line and not line.startswith("-") and "nemo-gym" not in line and "nemo_gym" not in line:
-            names.append(re.split(r"[\s<>=!~;\[@]", line, maxsplit=1)[0])
-    return names
+    return [re.split(r"[\s<>=!~;\[@]", line, maxsplit=1)[0] for line in packages]
 
 
 def hints(directory: Path, config: Path) -> dict[str, str]:
