@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import attrs
 from hypothesis import strategies as st
@@ -37,14 +37,7 @@ FailureKind = Literal[
     "logprob_count_mismatch",
     "mask_sample",
 ]
-FAILURE_KINDS: tuple[FailureKind, ...] = (
-    "agent_error",
-    "empty_output",
-    "no_answer",
-    "no_token_ids",
-    "logprob_count_mismatch",
-    "mask_sample",
-)
+FAILURE_KINDS: tuple[FailureKind, ...] = get_args(FailureKind)
 
 _TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 
