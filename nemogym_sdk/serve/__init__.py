@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from nemogym_sdk.serve.errors import BadRequestError, NotFoundError, ServeError
     from nemogym_sdk.serve.interface import Generation
     from nemogym_sdk.serve.record import SamplingRecorder, read_records, turn_key
+    from nemogym_sdk.serve.script import Script, ScriptRule
     from nemogym_sdk.serve.template import ChatTemplate
     from nemogym_sdk.serve.tiny import (
         TINY_MODEL_NAME,
@@ -56,6 +57,8 @@ __all__ = [
     "NotFoundError",
     "RunningServer",
     "SamplingRecorder",
+    "Script",
+    "ScriptRule",
     "ServeEngine",
     "ServeError",
     "ServerThread",
@@ -98,6 +101,8 @@ _HOME = {
     "SamplingRecorder": "record",
     "read_records": "record",
     "turn_key": "record",
+    "Script": "script",
+    "ScriptRule": "script",
     "VllmBackend": "vllm_backend",
 }
 

@@ -123,8 +123,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=2,
         help="scripted mode: how many assistant turns call a tool before answering (default 2)",
     )
-    parser.add_argument(
+    answers = parser.add_mutually_exclusive_group()
+    answers.add_argument(
         "--scripted-answer", default=None, help="scripted mode: the final text answer"
+    )
+    answers.add_argument(
+        "--scripted-answers",
+        metavar="FILE",
+        default=None,
+        help=(
+            "scripted mode: a JSON file choosing the text answer by what the conversation "
+            'says: {"default": TEXT, "rules": [{"match": REGEX, "answer": TEXT}, ...]}'
+        ),
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="seed of the tiny model's weights and of sampling"
@@ -197,8 +207,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _engine(args: argparse.Namespace) -> ServeEngine:
-    from nemogym_sdk.serve.engine import DEFAULT_SCRIPTED_ANSWER, ServeEngine
+    from nemogym_sdk.serve.engine import ServeEngine
     from nemogym_sdk.serve.record import SamplingRecorder
+    from nemogym_sdk.serve.script import DEFAULT_SCRIPTED_ANSWER, Script
 
     recorder = SamplingRecorder(args.record) if args.record else None
     backend: CausalLMBackend | VllmBackend
@@ -246,7 +257,11 @@ def _engine(args: argparse.Namespace) -> ServeEngine:
         served_model_name=served_model_name,
         mode=mode,
         scripted_tool_turns=args.scripted_tool_turns,
-        scripted_answer=args.scripted_answer or DEFAULT_SCRIPTED_ANSWER,
+        scripted_answer=(
+            Script.from_file(args.scripted_answers)
+            if args.scripted_answers
+            else args.scripted_answer or DEFAULT_SCRIPTED_ANSWER
+        ),
         seed=args.seed,
         logprobs_mode=args.logprobs_mode,
         recorder=recorder,

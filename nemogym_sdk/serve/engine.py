@@ -9,7 +9,8 @@ Modes:
 * ``scripted``: deterministic multi-turn behaviour for any NeMo Gym environment. For the first
   ``scripted_tool_turns`` assistant turns of a conversation (counted from the assistant messages
   already in the request) it calls one of the offered tools, rotating through them, with arguments
-  that satisfy the tool's JSON schema; afterwards (or with no tools) it answers in text. The text
+  that satisfy the tool's JSON schema; afterwards (or with no tools) it answers in text: one
+  fixed text, or what a `~nemogym_sdk.serve.script.Script` picks for the conversation. The text
   is forced, but every token is scored by the model, so the logprobs are genuine.
 
 Logprobs follow ``logprobs_mode`` like vLLM's ``--logprobs-mode``: ``raw_logprobs`` (default) or
@@ -38,6 +39,7 @@ from nemogym_sdk.serve.protocol import (
     model_card,
 )
 from nemogym_sdk.serve.record import SamplingRecorder
+from nemogym_sdk.serve.script import DEFAULT_SCRIPTED_ANSWER, Script
 from nemogym_sdk.serve.tools import (
     ToolCall,
     example_arguments,
@@ -55,7 +57,6 @@ __all__ = ["DEFAULT_SCRIPTED_ANSWER", "Mode", "ServeEngine"]
 logger = logging.getLogger(__name__)
 
 Mode = Literal["scripted", "sample"]
-DEFAULT_SCRIPTED_ANSWER = "I have everything I need. Done."
 
 
 class ServeEngine:
@@ -68,12 +69,15 @@ class ServeEngine:
         served_model_name: str | None = None,
         mode: Mode = "scripted",
         scripted_tool_turns: int = 2,
-        scripted_answer: str = DEFAULT_SCRIPTED_ANSWER,
+        scripted_answer: str | Script = DEFAULT_SCRIPTED_ANSWER,
         seed: int = 0,
         logprobs_mode: LogprobsMode = "raw_logprobs",
         recorder: SamplingRecorder | None = None,
     ) -> None:
         """Configure the engine; ``seed`` seeds the draws for requests that send no ``seed``.
+
+        ``scripted_answer`` is scripted mode's text answer: one text, or a `Script` that
+        chooses it by what the conversation says (see `nemogym_sdk.serve.script`).
 
         ``recorder`` writes one JSON line per generation: the sampling parameters it used.
         """
@@ -99,7 +103,11 @@ class ServeEngine:
         self.mode: Mode = mode
         self.logprobs_mode: LogprobsMode = logprobs_mode
         self.scripted_tool_turns = scripted_tool_turns
-        self.scripted_answer = scripted_answer
+        self.script = (
+            scripted_answer
+            if isinstance(scripted_answer, Script)
+            else Script(default=scripted_answer)
+        )
         self._rng = random.Random(seed)
 
     # ----------------------------------------------------------------- models
@@ -242,7 +250,7 @@ class ServeEngine:
         """Return the text the scripted policy emits for this request (without EOS)."""
         tool = self._scripted_tool(request)
         if tool is None:
-            return self.scripted_answer
+            return self.script.answer(request.messages)
         name, parameters = tool
         return format_tool_call(name, example_arguments(parameters))
 
