@@ -34,7 +34,6 @@ Everything here is pure (no processes); ports come from an injectable allocator.
 from __future__ import annotations
 
 import copy
-import difflib
 import random
 import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -42,18 +41,19 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import yaml
 
 from nemogym_sdk.errors import ConfigError
-from nemogym_sdk.gym.locate import (
-    EnvironmentLocation,
-    GymVenv,
-    locate_environment,
-    sdk_environment_names,
+from nemogym_sdk.gym.loading import (
+    SERVER_TYPES,
+    deep_merge,
+    environment_config_path,
+    is_copy,
+    load_environment_config,
+    server_type_of,
 )
+from nemogym_sdk.gym.locate import EnvironmentLocation, GymVenv, locate_environment
 from nemogym_sdk.gym.specs import (
     AGENTS,
-    ENVIRONMENT_SERVERS,
     LOOPBACK,
     MODELS,
     RESOURCES,
@@ -63,12 +63,9 @@ from nemogym_sdk.gym.specs import (
     StackConfig,
 )
 
-_SERVER_TYPES = (MODELS, RESOURCES, AGENTS, ENVIRONMENT_SERVERS)
 _KEPT_TYPES = (MODELS, RESOURCES, AGENTS)
 # Start order: what others call first, so a caller never waits on a callee.
 _START_ORDER = {MODELS: 0, RESOURCES: 1, AGENTS: 2}
-_UNSUPPORTED_KEYS = ("_inherit_from", "_copy", "_delete_key")
-_UNSUPPORTED_INTERPOLATIONS = ("${inherit_from:", "${copy:")
 
 __all__ = [
     "JUDGE_INSTANCE",
@@ -133,73 +130,6 @@ def free_loopback_ports(count: int, port_range: tuple[int, int] = PORT_RANGE) ->
     return ports
 
 
-def environment_config_path(venv: GymVenv, environment: str) -> Path:
-    """``configs/<env>.yaml`` in the environment's directory (venv or SDK)."""
-    return locate_environment(venv, environment).config_path
-
-
-def load_environment_config(venv: GymVenv, environment: str) -> dict[str, Any]:
-    """Read an environment's shipped config; ``ConfigError`` if it is absent or unusable.
-
-    Configs it includes (``config_paths``, relative to the venv's site-packages, e.g. an
-    agent's own config) are merged first, each overridden by the config that includes it,
-    siblings in the order listed: NeMo Gym's precedence.
-    """
-    location = locate_environment(venv, environment)
-    path = location.config_path
-    if not path.is_file():
-        variants = sorted(p.stem for p in location.directory.glob("configs/*.yaml"))
-        if variants:
-            raise ConfigError(
-                f"environment {environment!r} has no config {path.name}; pick one of its "
-                f"configs as '{location.directory.name}:<config>': {', '.join(variants)}"
-            )
-        known = sorted(
-            {p.parent.parent.name for p in venv.site_packages.glob(f"{RESOURCES}/*/configs/*.yaml")}
-            | set(sdk_environment_names())
-        )
-        close = difflib.get_close_matches(environment, known, n=3)
-        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-        raise ConfigError(
-            f"unknown NeMo Gym environment {environment!r}: {path} does not exist "
-            f"({len(known)} environments ship configs{hint})"
-        )
-    roots = (location.root, venv.site_packages)
-    loaded = _load_with_includes(path, roots, ())
-    # ``simulator_model: {_copy: policy_model}`` (a second model server that copies the
-    # policy's) is a model dependency build_stack_config wires; other directives are refused.
-    _reject_directives({k: v for k, v in loaded.items() if not _is_copy(v)}, str(path))
-    return loaded
-
-
-def _load_with_includes(
-    path: Path, roots: tuple[Path, ...], chain: tuple[Path, ...]
-) -> dict[str, Any]:
-    """``path``'s YAML with its ``config_paths`` merged in under it (recursively).
-
-    A relative include is looked up under each of ``roots`` in turn.
-    """
-    if path in chain:
-        cycle = " -> ".join(str(p) for p in (*chain, path))
-        raise ConfigError(f"config_paths include themselves: {cycle}")
-    if not path.is_file():
-        raise ConfigError(f"{chain[-1] if chain else path}: included config {path} does not exist")
-    loaded = yaml.safe_load(path.read_text())
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"{path} is not a YAML mapping")
-    includes = loaded.pop("config_paths", None) or []
-    if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
-        raise ConfigError(f"{path}: config_paths must be a list of paths, got {includes!r}")
-    merged: dict[str, Any] = {}
-    for include in includes:
-        candidates = (
-            [Path(include)] if Path(include).is_absolute() else [r / include for r in roots]
-        )
-        included = next((c for c in candidates if c.is_file()), candidates[0])
-        merged = _deep_merge(merged, _load_with_includes(included, roots, (*chain, path)))
-    return _deep_merge(merged, loaded)
-
-
 def build_stack_config(
     venv: GymVenv,
     environments: Sequence[str],
@@ -238,10 +168,10 @@ def build_stack_config(
         shipped = load_environment_config(venv, environment)
         dropped: list[str] = []
         for instance, block in shipped.items():
-            server_type = _server_type(block)
-            if server_type is None and _is_copy(block):
+            server_type = server_type_of(block)
+            if server_type is None and is_copy(block):
                 source = block["_copy"]
-                if source != model.instance_name and _server_type(shipped.get(source)) != MODELS:
+                if source != model.instance_name and server_type_of(shipped.get(source)) != MODELS:
                     raise ConfigError(
                         f"{environment}: {instance!r} copies {source!r} (_copy), which is not "
                         "a model server; only copies of model servers are supported"
@@ -307,7 +237,7 @@ def build_stack_config(
     if workdir is not None:
         globals_["results_dir"] = str(workdir / "results")
         globals_["cache_dir"] = str(workdir / "cache")
-    config = _deep_merge({**globals_, **config}, overrides or {})
+    config = deep_merge({**globals_, **config}, overrides or {})
     _pin_addresses(config, allocate_ports)
 
     servers = _server_specs(config, owner)
@@ -405,11 +335,6 @@ def _dependency_refs(node: Any, *, top: bool) -> Iterable[tuple[Any, Any]]:
             yield from _dependency_refs(value, top=False)
 
 
-def _is_copy(node: Any) -> bool:
-    """``{_copy: <instance>}``: NeMo Gym's shorthand for a server configured like another."""
-    return isinstance(node, Mapping) and set(node) == {"_copy"} and isinstance(node["_copy"], str)
-
-
 def _is_model_ref(node: Any) -> bool:
     return isinstance(node, Mapping) and set(node) == {"type", "name"} and node["type"] == MODELS
 
@@ -431,7 +356,7 @@ def _add_variable(
     variables: dict[str, tuple[str, Any]], environment: str, key: str, value: Any
 ) -> None:
     """Keep a top-level key that is not a server (``judge_base_url: null`` ...) as a global."""
-    if isinstance(value, Mapping) and len(value) == 1 and next(iter(value)) in _SERVER_TYPES:
+    if isinstance(value, Mapping) and len(value) == 1 and next(iter(value)) in SERVER_TYPES:
         raise ConfigError(
             f"{environment}: top-level key {key!r} is not a server instance: expected "
             "{<server_type>: {<impl>: {entrypoint: ..., ...}}}"
@@ -451,7 +376,7 @@ def _pin_addresses(config: dict[str, Any], allocate_ports: Callable[[int], Seque
         raise ConfigError(f"head_server must be a mapping, got {head!r}")
     blocks: list[dict[str, Any]] = [head]
     for instance, block in config.items():
-        if _server_type(block) is not None:
+        if server_type_of(block) is not None:
             blocks.append(_inner(instance, block)[2])
     missing = [block for block in blocks if block.get("port") is None]
     ports = list(allocate_ports(len(missing)))
@@ -463,20 +388,9 @@ def _pin_addresses(config: dict[str, Any], allocate_ports: Callable[[int], Seque
         block.setdefault("host", LOOPBACK)
 
 
-def _server_type(block: Any) -> str | None:
-    """The server type of a top-level block, or ``None`` if it is not a server instance."""
-    if not isinstance(block, Mapping) or len(block) != 1:
-        return None
-    ((server_type, impls),) = block.items()
-    if server_type not in _SERVER_TYPES or not isinstance(impls, Mapping) or len(impls) != 1:
-        return None
-    (inner,) = impls.values()
-    return str(server_type) if isinstance(inner, Mapping) and "entrypoint" in inner else None
-
-
 def _inner(instance: str, block: Any) -> tuple[str, str, dict[str, Any]]:
     """``(server_type, impl, server_config)`` of a server instance block."""
-    server_type = _server_type(block)
+    server_type = server_type_of(block)
     if server_type is None:
         raise ConfigError(
             f"{instance!r} is not a server instance: expected "
@@ -491,7 +405,7 @@ def _server_specs(
 ) -> tuple[ServerSpec, ...]:
     specs = []
     for instance, block in config.items():
-        if _server_type(block) is None:
+        if server_type_of(block) is None:
             continue
         server_type, impl, inner = _inner(instance, block)
         if server_type not in _KEPT_TYPES:
@@ -533,7 +447,7 @@ def _check_references(config: Mapping[str, Any], servers: tuple[ServerSpec, ...]
 
 def _references(node: Any) -> Iterable[tuple[str, str]]:
     if isinstance(node, Mapping):
-        if set(node) == {"type", "name"} and node["type"] in _SERVER_TYPES:
+        if set(node) == {"type", "name"} and node["type"] in SERVER_TYPES:
             yield str(node["type"]), str(node["name"])
             return
         for value in node.values():
@@ -580,27 +494,3 @@ def dataset_paths(
                 kind = str(dataset.get("type"))
                 paths.setdefault(kind, location.resolve(str(dataset["jsonl_fpath"])))
     return paths
-
-
-def _reject_directives(node: Any, where: str) -> None:
-    """Refuse NeMo Gym's inheritance directives, which only its own parser resolves."""
-    if isinstance(node, Mapping):
-        for key, value in node.items():
-            if key in _UNSUPPORTED_KEYS:
-                raise ConfigError(f"{where}: directive {key!r} is not supported")
-            _reject_directives(value, where)
-    elif isinstance(node, list):
-        for value in node:
-            _reject_directives(value, where)
-    elif isinstance(node, str) and node.startswith(_UNSUPPORTED_INTERPOLATIONS):
-        raise ConfigError(f"{where}: interpolation {node!r} is not supported")
-
-
-def _deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
-    merged = {key: copy.deepcopy(value) for key, value in base.items()}
-    for key, value in update.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = _deep_merge(merged[key], value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged

@@ -280,3 +280,69 @@ def test_a_config_variant_is_chosen_with_a_colon(tmp_path: Path) -> None:
     for bad in ("toy:", ":other", "toy:../x"):
         with pytest.raises(ConfigError, match="not an environment name"):
             load_environment_config(venv, bad)
+
+
+def _agent_less(venv_root: Path, allowed: list[str]) -> None:
+    """An environment ``lonely`` with a resources server only, accepting ``allowed``, and
+    ``simple_agent``'s own config (bound to another resources server, with datasets)."""
+    site = venv_root / "lib" / "python3.13" / "site-packages"
+    resources = copy.deepcopy(TOY_CONFIG["toy"]["resources_servers"]["toy"])
+    resources["allowed_agents"] = allowed
+    lonely = site / "resources_servers" / "lonely"
+    (lonely / "configs").mkdir(parents=True)
+    (lonely / "data").mkdir()
+    (lonely / "data" / "example.jsonl").write_text("{}\n")
+    config = {"lonely_rs": {"resources_servers": {"lonely": resources}}}
+    (lonely / "configs" / "lonely.yaml").write_text(yaml.safe_dump(config))
+    agent = copy.deepcopy(TOY_CONFIG["toy_simple_agent"])
+    agent["responses_api_agents"]["simple_agent"]["resources_server"]["name"] = "example_rs"
+    own = {
+        "simple_agent": agent,
+        "example_rs": {"resources_servers": {"example": {"entrypoint": "app.py"}}},
+        "other_agent": {"responses_api_agents": {"other": {"entrypoint": "app.py"}}},
+        "simple_agent_environment_server": TOY_CONFIG["toy_environment_server"],
+        "agent_prompt": "be brief",
+    }
+    path = site / "responses_api_agents" / "simple_agent" / "configs" / "simple_agent.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text(yaml.safe_dump(own))
+
+
+def test_an_environment_without_an_agent_is_paired_with_an_allowed_one(tmp_path: Path) -> None:
+    """A resources server alone runs with the first ``allowed_agents`` entry that ships a
+    config: that agent, bound to it, its datasets left for the environment's own rows."""
+    venv = make_venv(tmp_path / "venv")
+    _agent_less(tmp_path / "venv", ["not_shipped", "simple_agent"])
+    loaded = load_environment_config(venv, "lonely")
+    assert sorted(loaded) == ["agent_prompt", "lonely_rs", "simple_agent"]
+    agent = loaded["simple_agent"]["responses_api_agents"]["simple_agent"]
+    assert agent["resources_server"] == {"type": "resources_servers", "name": "lonely_rs"}
+    assert "datasets" not in agent
+    stack = build_stack_config(venv, ["lonely"], MODEL, allocate_ports=counting_ports())
+    (setup,) = stack.environments
+    assert (setup.agents, setup.resources_servers) == (("simple_agent",), ("lonely_rs",))
+    assert setup.example_path == venv.site_packages / "resources_servers/lonely/data/example.jsonl"
+
+
+def test_no_pairing_when_the_config_has_an_agent_or_no_allowed_agent_ships_one(
+    tmp_path: Path,
+) -> None:
+    venv = make_venv(tmp_path / "venv")
+    _agent_less(tmp_path / "venv", ["not_shipped"])
+    assert sorted(load_environment_config(venv, "lonely")) == ["lonely_rs"]
+    toy = venv.site_packages / "resources_servers" / "toy" / "configs" / "toy.yaml"
+    config = yaml.safe_load(toy.read_text())
+    config["toy"]["resources_servers"]["toy"]["allowed_agents"] = ["simple_agent"]
+    toy.write_text(yaml.safe_dump(config))
+    assert "simple_agent" not in load_environment_config(venv, "toy")
+
+
+def test_gdpval_is_paired_with_the_stirrup_agent(gym_venv: GymVenv) -> None:
+    """NeMo Gym's gdpval ships no agent; its ``allowed_agents`` names stirrup_agent."""
+    loaded = load_environment_config(gym_venv, "gdpval")
+    agent = loaded["stirrup_agent"]["responses_api_agents"]["stirrup_agent"]
+    assert agent["resources_server"]["name"] == "gdpval_resources_server"
+    stack = build_stack_config(gym_venv, ["gdpval"], MODEL, allocate_ports=counting_ports())
+    (setup,) = stack.environments
+    assert setup.agent_impls == ("stirrup_agent",)
+    assert setup.example_path.is_file()
