@@ -44,9 +44,11 @@ import attrs
 from nemogym_sdk import AgentClient, RolloutStatus, Timeouts
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.gym import GymStack, GymVenv, PolicyModel, find_gym_venv, start_serve
+from nemogym_sdk.gym.loading import load_environment_config, server_type_of
 from nemogym_sdk.gym.locate import locate_environment
 from nemogym_sdk.gym.process import tail
 from nemogym_sdk.gym.requirements import read_server_requirements
+from nemogym_sdk.gym.specs import AGENTS
 from nemogym_sdk.serve.tiny import build_tiny_tokenizer
 
 CLASSES = {
@@ -57,10 +59,15 @@ CLASSES = {
     "requirements": "requirements fail to install",
     "start": "start fails",
     "run": "`/run` fails",
+    "library": "not an environment (a library)",
 }
 """Outcome classes, in the order the table lists them."""
 
 BEGIN, END = "<!-- gym-sweep:begin -->", "<!-- gym-sweep:end -->"
+REPO = Path(__file__).resolve().parents[1]
+ANSWERS = Path(__file__).with_name("gym_answers.json")
+"""What the scripted policy and judges answer, per kind of request: the formats some
+environments parse (an ``<action>`` tag, a judge's JSON verdict)."""
 
 _GPU_PACKAGES = re.compile(
     r"^(vllm|flash[-_]attn|xformers|bitsandbytes|deepspeed|cupy\S*|nvidia-\S+|triton|"
@@ -69,10 +76,43 @@ _GPU_PACKAGES = re.compile(
 )
 _GPU_CODE = re.compile(r"\bimport vllm\b|\bfrom vllm\b|torch\.cuda\.|\bcuda:\d|\bdevice=.cuda")
 _SANDBOX_CODE = re.compile(
-    r"\bimport docker\b|\bdocker (run|exec|build)\b|\bapptainer\b|\bsingularity\b|"
-    r"\bimport e2b\b|\bimport modal\b|sandbox_fusion|\bsandbox_url\b|\bsandbox_host\b",
+    r"\bimport docker\b|\bdocker (run|exec|build)\b|\bdocker[- ]compose\b|\bapptainer\b|"
+    r"\bsingularity\b|\bimport e2b\b|\bimport modal\b|sandbox_fusion|\bsandbox_url\b|"
+    r"\bsandbox_host\b|\bsandbox_provider\b|\bAsyncSandbox\b|\bopensandbox\b",
     re.I,
 )
+_LIBRARY = re.compile(r"not a standalone server", re.I)
+
+KNOWN_CAUSES: dict[str, tuple[str, str]] = {
+    "gdp_pdf": (
+        "external",
+        "its page manifests are made by benchmarks/gdp_pdf/prepare.py, which downloads the "
+        "PDFs from Hugging Face (surgeai/GDP.pdf)",
+    ),
+    "indian_banking": (
+        "external",
+        "its customer database and knowledge base (data/db.json, data/kb.json) come from a "
+        "Hugging Face dataset (configs/indian_banking.yaml)",
+    ),
+    "scicode": (
+        "external",
+        "needs SciCode's test_data.h5 (about 1 GB, from Google Drive: benchmarks/scicode/"
+        "README.md) and test_data_fpath set",
+    ),
+    "terminal_bench_4": (
+        "sandbox",
+        "needs an OpenSandbox deployment, and downloads its task packages from the Harbor "
+        "registry on first seed (task.py; retried without end when unreachable)",
+    ),
+    "vibench": (
+        "sandbox",
+        "needs a ViBench checkout from GitHub (VIBENCH_REPO_ROOT), a docker build sandbox, "
+        "docker-compose grading and grader LLM keys",
+    ),
+}
+"""Causes read in an environment's code and docs that its failure does not show (a download
+retried without end reads as a timeout, a missing checkout as FileNotFoundError). Like
+`hints`, used only to explain a failure; they outrank what `hints` finds."""
 _EXTERNAL_PACKAGES = re.compile(r"^(tavily[-_]python|serpapi|exa[-_]py|google-search\S*)\b", re.I)
 _GIT_SOURCE = re.compile(r"git(?:\+|\s*=\s*\")(https?://[^\s\"@#]+)")
 _LOCAL_VLLM_CONFIG = re.compile(
@@ -124,10 +164,12 @@ def _requirement_names(directory: Path) -> list[str]:
     return [re.split(r"[\s<>=!~;\[@]", line, maxsplit=1)[0] for line in packages]
 
 
-def hints(directory: Path, config: Path) -> dict[str, str]:
-    """Class -> why, for what an environment's files say it needs (GPU, sandbox, external).
+def hints(directory: Path, config: Path, agents: Sequence[Path] = ()) -> dict[str, str]:
+    """Class -> why, for what an environment's files say it needs (GPU, sandbox, external),
+    or that it is a library (``library``: its config says it is not a standalone server).
 
-    ``directory`` is its resources server's, ``config`` the config file `GymStack` starts.
+    ``directory`` is its resources server's, ``config`` the config file `GymStack` starts,
+    ``agents`` the directories of the agents that config starts (their code is read too).
     """
     found: dict[str, str] = {}
     names = _requirement_names(directory)
@@ -144,16 +186,17 @@ def hints(directory: Path, config: Path) -> dict[str, str]:
     external = [n for n in names if _EXTERNAL_PACKAGES.match(n)]
     if external:
         found["external"] = f"requirements name {', '.join(external)}"
-    for path in sorted(directory.rglob("*.py")):
-        if "tests" in path.parts:
-            continue
+    for path, label in _code_files(directory, agents):
         text = path.read_text(errors="replace")
         if "gpu" not in found and _GPU_CODE.search(text):
-            found["gpu"] = f"{path.relative_to(directory)} uses CUDA or vLLM"
+            found["gpu"] = f"{label} uses CUDA or vLLM"
         match = _SANDBOX_CODE.search(text)
         if "sandbox" not in found and match:
-            found["sandbox"] = f"{path.relative_to(directory)} uses {match.group(0).strip()}"
+            found["sandbox"] = f"{label} uses {match.group(0).strip()}"
     text = config.read_text(errors="replace") if config.is_file() else ""
+    if library := _LIBRARY.search(text):
+        line = next(ln for ln in text.splitlines() if library.group(0) in ln)
+        found["library"] = line.split(":", 1)[-1].strip()
     if "gpu" not in found and (serves := _LOCAL_VLLM_CONFIG.search(text)):
         found["gpu"] = f"{config.name} starts its own vLLM ({serves.group(0)})"
     match = _EXTERNAL_CONFIG.search(text)
@@ -162,12 +205,37 @@ def hints(directory: Path, config: Path) -> dict[str, str]:
     return found
 
 
+def _code_files(directory: Path, agents: Sequence[Path]) -> Iterable[tuple[Path, str]]:
+    """(file, how the table names it) for the Python code of a server and its agents."""
+    for root, prefix in ((directory, ""), *((a, f"{a.name}/") for a in agents)):
+        for path in sorted(root.rglob("*.py")):
+            if "tests" not in path.relative_to(root).parts:
+                yield path, f"{prefix}{path.relative_to(root)}"
+
+
+def _agent_dirs(venv: GymVenv, name: str) -> list[Path]:
+    """The directories of the agents ``name``'s config starts (none if it does not load)."""
+    try:
+        loaded = load_environment_config(venv, name)
+    except ConfigError:
+        return []
+    return [
+        venv.server_dir(AGENTS, impl)
+        for block in loaded.values()
+        if server_type_of(block) == AGENTS
+        for impl in block[AGENTS]
+    ]
+
+
 _MISSING_FIELD = re.compile(r"^(\w+)\n\s+Field required", re.M)
 _ERROR_LINE = re.compile(
     r"\w*Error\b|\berror\b|\w*Exception\b|Traceback|\bfailed\b|FAILED|refused|denied|"
     r"Unauthorized|Forbidden|not found|No module|\b[Mm]issing\b|\brequired\b|"
-    r"^\s*\w*(api_key|_token)\s*$"  # the field a pydantic ValidationError names
+    r"^\s*\w*(api_key|_token)\s*$|"  # the field a pydantic ValidationError names
+    r"^timeout: "  # what the client reports for a /run that never answered
 )
+_NOISE = ("For further information visit", "Found ulimit of")
+"""Lines that are never the cause: pydantic's link, NeMo Gym's start-up ulimit notice."""
 
 
 def classify_failure(stage: str, message: str, hinted: dict[str, str]) -> tuple[str, str]:
@@ -176,8 +244,14 @@ def classify_failure(stage: str, message: str, hinted: dict[str, str]) -> tuple[
     Only lines that read as errors are searched for causes, so a server's ordinary log
     lines (a port number, a model name) cannot decide the class.
     """
+    if "library" in hinted:
+        return "library", hinted["library"]
     missing = _MISSING_FIELD.findall(message)  # pydantic: the config lacks these settings
-    errors = [line for line in message.splitlines() if _ERROR_LINE.search(line)]
+    errors = [
+        line
+        for line in message.splitlines()
+        if _ERROR_LINE.search(line) and not line.strip().startswith(_NOISE)
+    ]
     message = "\n".join(errors) or message
     for name, pattern in _FAILURE_MARKERS:
         if pattern.search(message):
@@ -196,13 +270,17 @@ def _one_line(message: str, pattern: re.Pattern[str] | None = None) -> str:
     lines = [
         line.strip()
         for line in message.splitlines()
-        if line.strip() and not line.strip().startswith("For further information visit")
+        if line.strip() and not line.strip().startswith(_NOISE)
     ]
     if pattern is not None:
         for line in reversed(lines):
             if pattern.search(line):
                 return line[:200]
-    errors = [line for line in lines if re.search(r"Error|error|Exception|failed|No module", line)]
+    errors = [
+        line
+        for line in lines
+        if re.search(r"Error|error|Exception|failed|No module|^timeout: ", line)
+    ]
     return (errors or lines or ["(no message)"])[-1][:200]
 
 
@@ -222,7 +300,10 @@ def sweep_one(
     """Start ``name``, play up to ``rows`` example rows, classify."""
     began = time.monotonic()
     location = locate_environment(venv, name)
-    hinted = hints(location.directory, location.config_path)
+    hinted = hints(location.directory, location.config_path, _agent_dirs(venv, name))
+    if name in KNOWN_CAUSES:
+        cause, why = KNOWN_CAUSES[name]
+        hinted = {cause: why, **{k: v for k, v in hinted.items() if k != cause}}
 
     def done(outcome: str, reason: str, **extra: Any) -> Outcome:
         return Outcome(
@@ -394,6 +475,18 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=2, help="example rows per environment")
     parser.add_argument("--out", type=Path, default=Path("runs/gym_sweep.jsonl"))
     parser.add_argument("--resume", action="store_true", help="skip environments in --out")
+    parser.add_argument(
+        "--update",
+        action="store_true",
+        help="sweep --environments again, keep the other results in --out; table of all",
+    )
+    parser.add_argument(
+        "--scripted-answers",
+        type=Path,
+        default=ANSWERS,
+        help="the scripted policy's and judges' answers, by what a request says "
+        f"(default: {ANSWERS.relative_to(REPO)}; see nemogym_sdk.serve.script)",
+    )
     parser.add_argument("--docs", type=Path, help="write the table into this markdown file")
     parser.add_argument("--ready-timeout", type=float, default=300.0)
     parser.add_argument("--run-timeout", type=float, default=180.0)
@@ -401,6 +494,8 @@ def main(argv: Iterable[str] | None = None) -> int:
         "--report-only", action="store_true", help="write the table from --out, start nothing"
     )
     args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.update and not args.environments:
+        parser.error("--update needs --environments (the ones to sweep again)")
     venv = find_gym_venv()
     names = (
         [n.strip() for n in args.environments.split(",") if n.strip()]
@@ -408,11 +503,16 @@ def main(argv: Iterable[str] | None = None) -> int:
         else shipped_environments(venv)
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    results = _load(args.out) if args.resume or args.report_only else {}
+    results = _load(args.out) if args.resume or args.report_only or args.update else {}
     if not args.report_only:
-        if not args.resume:
+        if not (args.resume or args.update):
             args.out.write_text("")
-        _sweep(venv, [n for n in names if n not in results], results, args)
+        _sweep(
+            venv, names if args.update else [n for n in names if n not in results], results, args
+        )
+    if args.update:  # one line per environment again, the new results in place of the old
+        args.out.write_text("".join(json.dumps(attrs.asdict(o)) + "\n" for o in results.values()))
+        names = list(results)
     outcomes = [results[n] for n in names if n in results]
     command = "python benchmarks/gym_sweep.py" + (f" --rows {args.rows}" if args.rows != 2 else "")
     markdown = table(outcomes, command=command)
@@ -430,7 +530,15 @@ def _sweep(
     with (
         tempfile.TemporaryDirectory() as tmp,
         start_serve(
-            mode="scripted", logprobs_mode="raw_logprobs", log_path=Path(tmp) / "serve.log"
+            mode="scripted",
+            logprobs_mode="raw_logprobs",
+            log_path=Path(tmp) / "serve.log",
+            # Rows ask for up to 131072 new tokens (aegis_v4_safety); a smaller context
+            # makes vllm_model answer with an empty "length" completion, as vLLM would.
+            extra_args=[
+                *("--scripted-answers", str(args.scripted_answers)),
+                *("--max-model-len", "262144"),
+            ],
         ) as served,
     ):
         model = served.policy_model()

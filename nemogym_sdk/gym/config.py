@@ -16,7 +16,8 @@ What :func:`build_stack_config` does with an environment's shipped
   ``legacy_agent`` relay does not declare ``ray_enabled``, so started on its own it
   would start a Ray cluster of its own;
 * adds one ``vllm_model`` instance (``policy_model`` by default, the name the shipped
-  agents refer to) configured for training from a :class:`PolicyModel`;
+  agents refer to) configured for training from a :class:`PolicyModel`, in place of a
+  model server of that name the environment defines as a default;
 * starts every other model server the environment needs (judges, user simulators,
   reward models: see :func:`wire_model_dependencies`) as a ``vllm_model`` on the judge
   endpoint (:func:`judge_server_block`), replacing the ones it declares;
@@ -184,7 +185,9 @@ def build_stack_config(
             if server_type not in _KEPT_TYPES:
                 dropped.append(instance)
                 continue
-            if server_type == MODELS and instance != model.instance_name:
+            if server_type == MODELS and instance == model.instance_name:
+                continue  # a default policy (nemo_user_sim's): the stack's policy replaces it
+            if server_type == MODELS:
                 # Replaced by the judge block below; shared by every environment naming it.
                 declared_models[instance] = _declared_model(environment, instance, block)
                 continue
@@ -199,8 +202,8 @@ def build_stack_config(
 
     if model.instance_name in config:
         raise ConfigError(
-            f"{owner[model.instance_name]!r} already defines {model.instance_name!r}; "
-            "give the PolicyModel another instance_name"
+            f"{owner[model.instance_name]!r} already defines {model.instance_name!r} as a "
+            "server that is not a model server; give the PolicyModel another instance_name"
         )
     judge_block = judge_server_block(judge if judge is not None else model)
     for instance in wire_model_dependencies(

@@ -346,3 +346,23 @@ def test_gdpval_is_paired_with_the_stirrup_agent(gym_venv: GymVenv) -> None:
     (setup,) = stack.environments
     assert setup.agent_impls == ("stirrup_agent",)
     assert setup.example_path.is_file()
+
+
+def test_a_policy_model_the_environment_defines_is_replaced_by_the_stacks(tmp_path: Path) -> None:
+    """``nemo_user_sim`` ships a default ``policy_model``; the stack's policy takes its place.
+    A server of that name that is no model server is still refused."""
+    with_default = copy.deepcopy(TOY_CONFIG)
+    with_default["policy_model"] = {
+        "responses_api_models": {
+            "vllm_model": {"entrypoint": "app.py", "base_url": "${policy_base_url}", "model": "x"}
+        }
+    }
+    venv = make_venv(tmp_path / "venv", {"toy": with_default})
+    config = build_stack_config(venv, ["toy"], MODEL, allocate_ports=counting_ports()).global_config
+    block = config["policy_model"]["responses_api_models"]["vllm_model"]
+    assert (block["base_url"], block["model"]) == (MODEL.base_url, MODEL.model)
+    clash = copy.deepcopy(TOY_CONFIG)
+    clash["policy_model"] = copy.deepcopy(TOY_CONFIG["toy"])
+    venv = make_venv(tmp_path / "other", {"toy": clash})
+    with pytest.raises(ConfigError, match="already defines 'policy_model' as a server that is not"):
+        build_stack_config(venv, ["toy"], MODEL, allocate_ports=counting_ports())

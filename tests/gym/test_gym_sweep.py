@@ -1,8 +1,9 @@
 """``benchmarks/gym_sweep.py``: its classification rules, and the script on a small subset.
 
 The full sweep (every shipped environment) is a benchmark, run by hand; this runs the same
-script end to end on two environments so it cannot rot: one that runs and one that cannot
-start, with the table written between the docs markers.
+script end to end on a few environments so it cannot rot (one that runs, a config variant,
+a bad name; then ``--update`` with a library and a game that needs the scripted answers),
+with the table written between the docs markers.
 """
 
 from __future__ import annotations
@@ -87,6 +88,27 @@ def test_hints_are_empty_for_a_plain_environment(tmp_path: Path) -> None:
     assert sweep.hints(directory, config) == {}
 
 
+def test_the_agents_code_is_read_and_a_library_is_named(tmp_path: Path) -> None:
+    """A sandbox its agent needs is found in the agent's code (tests skipped); a config that
+    says it is no standalone server is a library, whatever its start-up says."""
+    directory, config = _server(tmp_path, "", "import json\n", "x: 1\n")
+    agent = tmp_path / "harness_agent"
+    (agent / "tests").mkdir(parents=True)
+    (agent / "tests" / "test_app.py").write_text("import docker\n")
+    assert sweep.hints(directory, config, [agent]) == {}
+    (agent / "app.py").write_text("sandbox = AsyncSandbox(spec)\n")
+    assert sweep.hints(directory, config, [agent]) == {
+        "sandbox": "harness_agent/app.py uses AsyncSandbox"
+    }
+    config.write_text("lib:\n  description: Shared code. Not a standalone server.\n")
+    found = sweep.hints(directory, config)
+    assert found == {"library": "Shared code. Not a standalone server."}
+    assert sweep.classify_failure("start", "ServerStartError: exited with status 0", found) == (
+        "library",
+        "Shared code. Not a standalone server.",
+    )
+
+
 def test_a_failure_message_outranks_hints_and_hints_outrank_the_stage() -> None:
     """The message names the cause when it can; else a hint explains it; else the stage."""
     cls, reason = sweep.classify_failure(
@@ -119,6 +141,15 @@ def test_ordinary_log_lines_do_not_decide_the_class() -> None:
         "ValueError: expected a list of messages",
     )
     assert sweep.classify_failure("run", "httpx.HTTPStatusError: status 401", {})[0] == "external"
+    stalled = (
+        "Found ulimit of %s and failed to automatically increase with error %s.\n"
+        "timeout: no complete answer from http://127.0.0.1:9/run in time"
+    )
+    assert sweep.classify_failure("run", stalled, {"sandbox": "needs a sandbox"}) == (
+        "sandbox",
+        "needs a sandbox; run failed: timeout: no complete answer from http://127.0.0.1:9/run "
+        "in time",
+    )
 
 
 def test_a_missing_key_in_a_validation_error_is_an_external_service() -> None:
@@ -214,3 +245,23 @@ def test_the_sweep_script_on_a_small_subset(gym_venv: GymVenv, tmp_path: Path) -
         timeout=120,
     )
     assert again.read_text() == table
+    # --update sweeps the named ones again and keeps the rest: one line per environment
+    updated = subprocess.run(
+        [
+            *(sys.executable, str(SCRIPT), "--update", "--environments", "gymnasium,grl_tetris"),
+            *("--rows", "1", "--out", str(out), "--docs", str(doc)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
+    assert updated.returncode == 0, updated.stderr[-3000:]
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    results = {r["environment"]: r for r in lines}
+    assert len(lines) == len(results) == 5
+    assert results["example_single_tool_call"]["outcome"] == "runs"
+    assert results["gymnasium"]["outcome"] == "library"
+    # grl_tetris parses an <action> tag: it runs only with benchmarks/gym_answers.json's rule
+    assert results["grl_tetris"]["outcome"] == "runs"
+    assert "| not an environment (a library) | 1 |" in doc.read_text()
