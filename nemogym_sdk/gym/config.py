@@ -44,11 +44,10 @@ from typing import Any
 import attrs
 
 from nemogym_sdk.errors import ConfigError
+from nemogym_sdk.gym.directives import deep_merge, is_copy
 from nemogym_sdk.gym.loading import (
     SERVER_TYPES,
-    deep_merge,
     environment_config_path,
-    is_copy,
     load_environment_config,
     server_type_of,
 )

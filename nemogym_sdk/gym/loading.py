@@ -5,11 +5,13 @@ a stack from. On the way it
 
 * finds the config: ``configs/<env>.yaml``, or a variant ``<dir>:<config>``
   (:func:`~nemogym_sdk.gym.locate.split_environment_name`);
-* merges the configs it includes (``config_paths``) with NeMo Gym's precedence;
+* merges the configs it includes (``config_paths``) with NeMo Gym's precedence, and a
+  variant that only adjusts the directory's own config over that config;
+* carries out ``_inherit_from``, ``_copy`` and ``_delete_key``
+  (:mod:`~nemogym_sdk.gym.directives`);
 * pairs an environment whose config starts no agent with the agent its resources server
   accepts (``allowed_agents``): that agent's own shipped config
   (``responses_api_agents/<agent>/configs/<agent>.yaml``), bound to this resources server;
-* refuses the inheritance directives only NeMo Gym's own parser resolves.
 """
 
 from __future__ import annotations
@@ -24,24 +26,16 @@ from typing import Any
 import yaml
 
 from nemogym_sdk.errors import ConfigError
+from nemogym_sdk.gym.directives import deep_merge, resolve_directives
 from nemogym_sdk.gym.locate import GymVenv, locate_environment, sdk_environment_names
 from nemogym_sdk.gym.specs import AGENTS, ENVIRONMENT_SERVERS, MODELS, RESOURCES
 
-__all__ = [
-    "SERVER_TYPES",
-    "deep_merge",
-    "environment_config_path",
-    "is_copy",
-    "load_environment_config",
-    "server_type_of",
-]
+__all__ = ["SERVER_TYPES", "environment_config_path", "load_environment_config", "server_type_of"]
 
 logger = logging.getLogger(__name__)
 
 SERVER_TYPES = (MODELS, RESOURCES, AGENTS, ENVIRONMENT_SERVERS)
 """The top-level server types of a NeMo Gym config."""
-_UNSUPPORTED_KEYS = ("_inherit_from", "_copy", "_delete_key")
-_UNSUPPORTED_INTERPOLATIONS = ("${inherit_from:", "${copy:")
 _ALLOWED_AGENTS = "allowed_agents"
 
 
@@ -55,8 +49,11 @@ def load_environment_config(venv: GymVenv, environment: str) -> dict[str, Any]:
 
     Configs it includes (``config_paths``, relative to the venv's site-packages, e.g. an
     agent's own config) are merged first, each overridden by the config that includes it,
-    siblings in the order listed: NeMo Gym's precedence. A config that starts no agent gets
-    the one its resources server accepts (see :func:`_paired_agents`).
+    siblings in the order listed: NeMo Gym's precedence. A variant that only adjusts the
+    servers of the directory's own config is merged over that config (as NeMo Gym's docs
+    chain them); then directives are carried out (:mod:`~nemogym_sdk.gym.directives`). A
+    config that starts no agent gets the one its resources server accepts (see
+    :func:`_paired_agents`).
     """
     location = locate_environment(venv, environment)
     path = location.config_path
@@ -79,12 +76,26 @@ def load_environment_config(venv: GymVenv, environment: str) -> dict[str, Any]:
         )
     roots = (location.root, venv.site_packages)
     loaded = _load_with_includes(path, roots, ())
+    own = location.directory / "configs" / f"{location.directory.name}.yaml"
+    if path != own and own.is_file() and _is_overlay(loaded):
+        loaded = deep_merge(_load_with_includes(own, roots, ()), loaded)
+    loaded = resolve_directives(loaded, str(path))
     if not any(server_type_of(block) == AGENTS for block in loaded.values()):
         loaded = deep_merge(_paired_agents(venv, environment, loaded), loaded)
-    # ``simulator_model: {_copy: policy_model}`` (a second model server that copies the
-    # policy's) is a model dependency build_stack_config wires; other directives are refused.
-    _reject_directives({k: v for k, v in loaded.items() if not is_copy(v)}, str(path))
     return loaded
+
+
+def _is_overlay(config: Mapping[str, Any]) -> bool:
+    """Whether a variant only adjusts servers defined elsewhere: some server block in it
+    has no ``entrypoint`` (``math_with_judge:math_with_local_judge`` sets the judge of the
+    ``math_with_judge`` server that ``configs/math_with_judge.yaml`` defines)."""
+    return any(
+        isinstance(block, Mapping)
+        and len(block) == 1
+        and next(iter(block)) in SERVER_TYPES
+        and server_type_of(block) is None
+        for block in config.values()
+    )
 
 
 def _paired_agents(venv: GymVenv, environment: str, loaded: Mapping[str, Any]) -> dict[str, Any]:
@@ -166,11 +177,6 @@ def _load_with_includes(
     return deep_merge(merged, loaded)
 
 
-def is_copy(node: Any) -> bool:
-    """``{_copy: <instance>}``: NeMo Gym's shorthand for a server configured like another."""
-    return isinstance(node, Mapping) and set(node) == {"_copy"} and isinstance(node["_copy"], str)
-
-
 def server_type_of(block: Any) -> str | None:
     """The server type of a top-level block, or ``None`` if it is not a server instance."""
     if not isinstance(block, Mapping) or len(block) != 1:
@@ -180,28 +186,3 @@ def server_type_of(block: Any) -> str | None:
         return None
     (inner,) = impls.values()
     return str(server_type) if isinstance(inner, Mapping) and "entrypoint" in inner else None
-
-
-def _reject_directives(node: Any, where: str) -> None:
-    """Refuse NeMo Gym's inheritance directives, which only its own parser resolves."""
-    if isinstance(node, Mapping):
-        for key, value in node.items():
-            if key in _UNSUPPORTED_KEYS:
-                raise ConfigError(f"{where}: directive {key!r} is not supported")
-            _reject_directives(value, where)
-    elif isinstance(node, list):
-        for value in node:
-            _reject_directives(value, where)
-    elif isinstance(node, str) and node.startswith(_UNSUPPORTED_INTERPOLATIONS):
-        raise ConfigError(f"{where}: interpolation {node!r} is not supported")
-
-
-def deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
-    """``base`` with ``update`` merged in, mappings recursively, everything copied."""
-    merged = {key: copy.deepcopy(value) for key, value in base.items()}
-    for key, value in update.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged

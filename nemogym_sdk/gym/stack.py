@@ -83,7 +83,10 @@ class GymStack:
     Args:
         environments: environment names, e.g. ``["example_single_tool_call"]``: NeMo Gym's
             (``resources_servers/<name>`` in the venv) or the SDK's own
-            (:data:`~nemogym_sdk.gym.SDK_ENVIRONMENTS`, e.g. ``"target_chars"``).
+            (:data:`~nemogym_sdk.gym.SDK_ENVIRONMENTS`, e.g. ``"target_chars"``), or
+            ``"<directory>:<config>"`` for another of its configs. One whose config starts
+            no agent runs with the agent its ``allowed_agents`` names (``gdpval``: see
+            :mod:`~nemogym_sdk.gym.loading`).
         model: the OpenAI-compatible backend, served to the agents as ``policy_model``.
         judge: the OpenAI-compatible endpoint (``base_url``, ``model``: the served model
             name, ``api_key``) that every other model server the environments call is

@@ -157,19 +157,6 @@ def test_instance_defined_by_two_environments_is_refused(tmp_path: Path) -> None
         build_stack_config(venv, ["toy", "twin"], MODEL, allocate_ports=counting_ports())
 
 
-def test_inheritance_directives_are_refused(tmp_path: Path) -> None:
-    """_inherit_from and ${copy:...} need NeMo Gym's own parser, so they are refused."""
-    inherit = copy.deepcopy(TOY_CONFIG)
-    inherit["toy"]["_inherit_from"] = "elsewhere"
-    copied = copy.deepcopy(TOY_CONFIG)
-    copied["toy"]["resources_servers"]["toy"]["domain"] = "${copy:a.b}"
-    venv = make_venv(tmp_path / "venv", {"inherit": inherit, "copied": copied})
-    with pytest.raises(ConfigError, match="_inherit_from"):
-        load_environment_config(venv, "inherit")
-    with pytest.raises(ConfigError, match="copy"):
-        load_environment_config(venv, "copied")
-
-
 def test_to_yaml_round_trips(tmp_path: Path) -> None:
     """The YAML handed to the servers parses back to the same config."""
     venv = make_venv(tmp_path / "venv")
