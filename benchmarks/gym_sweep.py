@@ -3,7 +3,9 @@
 For every environment NeMo Gym ships (``resources_servers/<name>`` in the gym venv), one at a
 time: start it through `GymStack` (its per-server requirements installed, judges wired to the
 policy's backend), play its first example rows through `AgentClient` against
-``python -m nemogym_sdk.serve --mode scripted``, and classify the outcome:
+``python -m nemogym_sdk.serve --mode scripted`` (answering as ``benchmarks/gym_answers.json``
+says for the environments and judges that parse what they are told), and classify the
+outcome:
 
   runs          at least one example row came back as a scored rollout
   gpu           needs a GPU
@@ -12,10 +14,12 @@ policy's backend), play its first example rows through `AgentClient` against
   requirements  its requirements fail to install
   start         it does not start
   run           it starts but ``/run`` fails on every row
+  library       its config says it is no standalone server (code other servers import)
 
 each with a one-line reason. What an environment needs is read from its files first (its
 requirements, config and code: `hints`) and used to explain a failure; an environment is
-never skipped on a hint alone. Results go to ``--out`` (one JSON line per environment, as they
+never skipped on a hint alone (nor on `KNOWN_CAUSES`, causes a failure does not show).
+Results go to ``--out`` (one JSON line per environment, as they
 finish, so an interrupted sweep keeps what it measured) and, with ``--docs``, to the table
 between the sweep markers of ``docs/gym-environments.md``.
 
@@ -83,6 +87,30 @@ _SANDBOX_CODE = re.compile(
 )
 _LIBRARY = re.compile(r"not a standalone server", re.I)
 
+_EXTERNAL_PACKAGES = re.compile(r"^(tavily[-_]python|serpapi|exa[-_]py|google-search\S*)\b", re.I)
+_GIT_SOURCE = re.compile(r"git(?:\+|\s*=\s*\")(https?://[^\s\"@#]+)")
+_LOCAL_VLLM_CONFIG = re.compile(
+    r"\b(vllm_serve_kwargs|tensor_parallel_size|gpu_memory_utilization)\b"
+)
+_EXTERNAL_CONFIG = re.compile(r"api_key|API_KEY|_TOKEN\b|\?\?\?")
+
+_FAILURE_MARKERS = (
+    ("gpu", re.compile(r"CUDA|cuda|nvidia|NVIDIA|GPU|no accelerator", re.S)),
+    ("sandbox", re.compile(r"docker|sandbox|apptainer|singularity", re.S | re.I)),
+    (
+        "external",
+        re.compile(
+            r"api[_ ]?key|API[_ ]KEY|Unauthorized|Forbidden|\b(status|HTTP|code)\W{0,3}40[13]\b|"
+            r"Name or service not known|Could not resolve host|github\.com|"
+            r"nltk\.download|NLTK Downloader|Resource '?[\w/]+'? not found|"
+            r"Temporary failure in name resolution|getaddrinfo|huggingface\.co|"
+            r"MissingMandatoryValue|Missing mandatory value",
+            re.S,
+        ),
+    ),
+)
+
+
 KNOWN_CAUSES: dict[str, tuple[str, str]] = {
     "gdp_pdf": (
         "external",
@@ -113,28 +141,6 @@ KNOWN_CAUSES: dict[str, tuple[str, str]] = {
 """Causes read in an environment's code and docs that its failure does not show (a download
 retried without end reads as a timeout, a missing checkout as FileNotFoundError). Like
 `hints`, used only to explain a failure; they outrank what `hints` finds."""
-_EXTERNAL_PACKAGES = re.compile(r"^(tavily[-_]python|serpapi|exa[-_]py|google-search\S*)\b", re.I)
-_GIT_SOURCE = re.compile(r"git(?:\+|\s*=\s*\")(https?://[^\s\"@#]+)")
-_LOCAL_VLLM_CONFIG = re.compile(
-    r"\b(vllm_serve_kwargs|tensor_parallel_size|gpu_memory_utilization)\b"
-)
-_EXTERNAL_CONFIG = re.compile(r"api_key|API_KEY|_TOKEN\b|\?\?\?")
-
-_FAILURE_MARKERS = (
-    ("gpu", re.compile(r"CUDA|cuda|nvidia|NVIDIA|GPU|no accelerator", re.S)),
-    ("sandbox", re.compile(r"docker|sandbox|apptainer|singularity", re.S | re.I)),
-    (
-        "external",
-        re.compile(
-            r"api[_ ]?key|API[_ ]KEY|Unauthorized|Forbidden|\b(status|HTTP|code)\W{0,3}40[13]\b|"
-            r"Name or service not known|Could not resolve host|github\.com|"
-            r"nltk\.download|NLTK Downloader|Resource '?[\w/]+'? not found|"
-            r"Temporary failure in name resolution|getaddrinfo|huggingface\.co|"
-            r"MissingMandatoryValue|Missing mandatory value",
-            re.S,
-        ),
-    ),
-)
 
 
 @attrs.frozen(kw_only=True)
@@ -265,10 +271,14 @@ def classify_failure(stage: str, message: str, hinted: dict[str, str]) -> tuple[
     return stage, line
 
 
+_RELAYED = re.compile(r"Hit an exception in \S+ calling an inner server: ")
+"""How an agent relays an inner server's error: dropped, so the error itself fits the line."""
+
+
 def _one_line(message: str, pattern: re.Pattern[str] | None = None) -> str:
     """The most telling line: the one the pattern matched, else the last error-looking one."""
     lines = [
-        line.strip()
+        _RELAYED.sub("", line.strip())
         for line in message.splitlines()
         if line.strip() and not line.strip().startswith(_NOISE)
     ]

@@ -141,6 +141,13 @@ def test_ordinary_log_lines_do_not_decide_the_class() -> None:
         "ValueError: expected a list of messages",
     )
     assert sweep.classify_failure("run", "httpx.HTTPStatusError: status 401", {})[0] == "external"
+    relayed = (
+        'agent_error: HTTP 500: "Hit an exception in OpenCodeSandboxedAgent___x calling an inner '
+        "server: b'ValueError(Sandbox provider reference not defined)'\""
+    )
+    assert sweep.classify_failure("run", relayed, {})[1] == (
+        "agent_error: HTTP 500: \"b'ValueError(Sandbox provider reference not defined)'\""
+    )
     stalled = (
         "Found ulimit of %s and failed to automatically increase with error %s.\n"
         "timeout: no complete answer from http://127.0.0.1:9/run in time"
