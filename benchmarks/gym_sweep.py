@@ -39,7 +39,7 @@ import tempfile
 import time
 import traceback
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ import attrs
 from nemogym_sdk import AgentClient, RolloutStatus, Timeouts
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.gym import GymStack, GymVenv, PolicyModel, find_gym_venv, start_serve
-from nemogym_sdk.gym.loading import load_environment_config, server_type_of
+from nemogym_sdk.gym.loading import allowed_agents, load_environment_config, server_type_of
 from nemogym_sdk.gym.locate import locate_environment
 from nemogym_sdk.gym.process import tail
 from nemogym_sdk.gym.requirements import read_server_requirements
@@ -340,7 +340,7 @@ def sweep_one(
         return done(*classify_failure(stage, message, hinted))
     try:
         if not stack.agent_urls:
-            allowed = sorted(set(_allowed_agents(stack.config.global_config)))
+            allowed = sorted({agent for _, agent in allowed_agents(stack.config.global_config)})
             message = f"its config starts no agent (allowed_agents: {', '.join(allowed) or '-'})"
             return done(*classify_failure("start", message, hinted))
         examples = stack.example_rows(name)[:rows]
@@ -371,18 +371,6 @@ def sweep_one(
         return done(*classify_failure("run", traceback.format_exc(limit=3), hinted))
     finally:
         stack.stop()
-
-
-def _allowed_agents(config: Mapping[str, Any]) -> list[str]:
-    """The agents resources servers name in ``allowed_agents`` (NeMo Gym pairs them)."""
-    return [
-        str(agent)
-        for block in config.values()
-        if isinstance(block, dict)
-        for inner in (block.get("resources_servers") or {}).values()
-        if isinstance(inner, dict)
-        for agent in inner.get("allowed_agents") or []
-    ]
 
 
 # ----------------------------------------------------------------------- all of them

@@ -30,7 +30,13 @@ from nemogym_sdk.gym.directives import deep_merge, resolve_directives
 from nemogym_sdk.gym.locate import GymVenv, locate_environment, sdk_environment_names
 from nemogym_sdk.gym.specs import AGENTS, ENVIRONMENT_SERVERS, MODELS, RESOURCES
 
-__all__ = ["SERVER_TYPES", "environment_config_path", "load_environment_config", "server_type_of"]
+__all__ = [
+    "SERVER_TYPES",
+    "allowed_agents",
+    "environment_config_path",
+    "load_environment_config",
+    "server_type_of",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -109,30 +115,40 @@ def _paired_agents(venv: GymVenv, environment: str, loaded: Mapping[str, Any]) -
     plain keys of its config. Nothing, when no allowed agent ships a config.
     """
     resources = [name for name, block in loaded.items() if server_type_of(block) == RESOURCES]
-    for instance in resources:
-        ((_, inner),) = loaded[instance][RESOURCES].items()
-        allowed = inner.get(_ALLOWED_AGENTS) or []
-        for agent in [allowed] if isinstance(allowed, str) else allowed:
-            path = venv.server_dir(AGENTS, str(agent)) / "configs" / f"{agent}.yaml"
-            if not path.is_file():
-                continue
-            paired = _agent_blocks(_load_with_includes(path, (venv.site_packages,), ()), str(agent))
-            for block in paired.values():
-                if server_type_of(block) == AGENTS:
-                    ((_, agent_inner),) = block[AGENTS].items()
-                    reference = agent_inner.get("resources_server")
-                    if not isinstance(reference, dict) or reference.get("name") not in resources:
-                        agent_inner["resources_server"] = {"type": RESOURCES, "name": instance}
-                    agent_inner.pop("datasets", None)
-            if any(server_type_of(block) == AGENTS for block in paired.values()):
-                logger.info(
-                    "%s: its config starts no agent; paired with %s (allowed_agents) from %s",
-                    environment,
-                    agent,
-                    path,
-                )
-                return paired
+    for instance, agent in allowed_agents(loaded):
+        path = venv.server_dir(AGENTS, agent) / "configs" / f"{agent}.yaml"
+        if not path.is_file():
+            continue
+        paired = _agent_blocks(_load_with_includes(path, (venv.site_packages,), ()), agent)
+        for block in paired.values():
+            if server_type_of(block) == AGENTS:
+                ((_, agent_inner),) = block[AGENTS].items()
+                reference = agent_inner.get("resources_server")
+                if not isinstance(reference, dict) or reference.get("name") not in resources:
+                    agent_inner["resources_server"] = {"type": RESOURCES, "name": instance}
+                agent_inner.pop("datasets", None)
+        if any(server_type_of(block) == AGENTS for block in paired.values()):
+            logger.info(
+                "%s: its config starts no agent; paired with %s (allowed_agents) from %s",
+                environment,
+                agent,
+                path,
+            )
+            return paired
     return {}
+
+
+def allowed_agents(config: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """``(resources server instance, agent type)`` for each agent a resources server of
+    ``config`` names in ``allowed_agents``, in config order (a bare string is one agent)."""
+    found = []
+    for instance, block in config.items():
+        if server_type_of(block) != RESOURCES:
+            continue
+        ((_, inner),) = block[RESOURCES].items()
+        allowed = inner.get(_ALLOWED_AGENTS) or []
+        found += [(instance, str(a)) for a in ([allowed] if isinstance(allowed, str) else allowed)]
+    return found
 
 
 def _agent_blocks(config: Mapping[str, Any], agent: str) -> dict[str, Any]:

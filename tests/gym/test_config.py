@@ -18,6 +18,7 @@ from nemogym_sdk.gym import (
     free_loopback_ports,
 )
 from nemogym_sdk.gym.config import load_environment_config
+from nemogym_sdk.gym.loading import allowed_agents
 
 from .fakes import TOY_CONFIG, counting_ports, make_venv
 
@@ -309,6 +310,17 @@ def test_an_environment_without_an_agent_is_paired_with_an_allowed_one(tmp_path:
     (setup,) = stack.environments
     assert (setup.agents, setup.resources_servers) == (("simple_agent",), ("lonely_rs",))
     assert setup.example_path == venv.site_packages / "resources_servers/lonely/data/example.jsonl"
+
+
+def test_allowed_agents_lists_each_resources_servers_in_order() -> None:
+    """A bare string is one agent; blocks that are not resources servers are not read."""
+    toy = copy.deepcopy(TOY_CONFIG)
+    toy["toy"]["resources_servers"]["toy"]["allowed_agents"] = "simple_agent"
+    toy["other"] = {
+        "resources_servers": {"o": {"entrypoint": "app.py", "allowed_agents": ["a", "b"]}}
+    }
+    toy["not_a_server"] = {"resources_servers": {"x": {"allowed_agents": ["c"]}}}
+    assert allowed_agents(toy) == [("toy", "simple_agent"), ("other", "a"), ("other", "b")]
 
 
 def test_no_pairing_when_the_config_has_an_agent_or_no_allowed_agent_ships_one(

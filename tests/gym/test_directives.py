@@ -133,8 +133,9 @@ def test_every_shipped_config_builds_but_three(gym_venv: GymVenv) -> None:
     count = 0
     for directory in sorted((gym_venv.site_packages / "resources_servers").iterdir()):
         for config in sorted(directory.glob("configs/*.yaml")):
-            name = directory.name if config.stem == directory.name else f"{directory.name}:"
-            name += "" if config.stem == directory.name else config.stem
+            name = directory.name
+            if config.stem != directory.name:
+                name += f":{config.stem}"
             count += 1
             try:
                 build_stack_config(gym_venv, [name], MODEL, allocate_ports=counting_ports())
