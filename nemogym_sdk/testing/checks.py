@@ -42,6 +42,7 @@ from nemogym_sdk.testing.parsers import Parser, PropertyCheckError, Sample
 from nemogym_sdk.testing.responses import (
     FAILURE_KINDS,
     FailureCase,
+    FailureKind,
     failures,
     json_values,
     mangled_responses,
@@ -334,9 +335,33 @@ check_drift_rejected = _property(
     "Every trainable sample of a drifting episode is a drift-free run of its turns "
     "(rejected, marked or forked, never stitched across the drift).",
 )
-check_failures_not_trained = _property(
+
+
+def _each_kind(
+    name: str,
+    kinds: tuple[FailureKind, ...],
+    body: Callable[[Parser, Any], None],
+    doc: str,
+) -> Callable[..., None]:
+    """Make ``check_<name>`` over every failure kind in turn, each with an equal share of
+    the examples: drawn from all kinds at once, Hypothesis favours the first ones, and a
+    100-example run could miss a kind that always fails (``mask_sample``) altogether."""
+    checks = [_property(name, failures(kinds=(kind,)), body, doc) for kind in kinds]
+
+    def check(parser: Parser, *, settings: hypothesis.settings | None = None) -> None:
+        base = settings or hypothesis.settings(deadline=None)
+        share = hypothesis.settings(base, max_examples=max(1, base.max_examples // len(kinds)))
+        for each in checks:
+            each(parser, settings=share)
+
+    check.__name__ = check.__qualname__ = f"check_{name}"
+    check.__doc__ = checks[0].__doc__
+    return check
+
+
+check_failures_not_trained = _each_kind(
     "failures_not_trained",
-    failures(kinds=tuple(k for k in FAILURE_KINDS if k != "logprob_count_mismatch")),
+    tuple(k for k in FAILURE_KINDS if k != "logprob_count_mismatch"),
     _failures,
     "Agent errors, empty output, output without an answer, missing token ids and "
     "mask_sample give no trainable sample.",
