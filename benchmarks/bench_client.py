@@ -8,8 +8,9 @@ GIL) and measures, in one run, alternating the order of the variants each repeat
                     the body (the minimal loop every integration writes)
     (b) run_raw:    AgentClient.run_raw: the same work plus routing, retries,
                     deadlines, per-host limits, tagging (no parsing), results in order
-    (c) stream_raw: AgentClient.stream_raw: (b), yielded as each rollout completes
-    (d) run:        AgentClient.run: (b) plus parsing every result into a Rollout
+    (c) run:        AgentClient.run: (b) plus parsing every result into a Rollout as it
+                    arrives (while the others are still playing)
+    (d) stream:     AgentClient.stream: (c), yielded as each rollout completes
   /verify, over ``--verify-items`` items on a server whose /verify takes ``--verify-ms``:
     (e) sequential: requests.post per item, one after another (the seed's reward function)
     (f) Verifier.verify_sync, with and without /seed_session first
@@ -45,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from local_servers import start_server
 
-from nemogym_sdk import AgentClient, RawRun, RetryPolicy, TaskRow, Verifier, VerifyItem
+from nemogym_sdk import AgentClient, RetryPolicy, Rollout, TaskRow, Verifier, VerifyItem
 from nemogym_sdk.wire import build_response, build_verify_body
 
 EOS = 2
@@ -109,12 +110,9 @@ class RawLoop:
         await self.session.close()
 
 
-async def collect_raw(client: AgentClient, rows: list[TaskRow]) -> list[RawRun]:
-    """Every exchange of ``stream_raw``, in input order (what ``run_raw_sync`` returns)."""
-    found: list[RawRun | None] = [None] * len(rows)
-    async for raw in client.stream_raw(rows):
-        found[raw.index] = raw
-    return [raw for raw in found if raw is not None]
+async def collect(client: AgentClient, rows: list[TaskRow]) -> list[Rollout]:
+    """Every rollout of ``stream``, as they complete."""
+    return [rollout async for rollout in client.stream(rows, eos_token_id=EOS)]
 
 
 async def measure_run(
@@ -138,9 +136,9 @@ async def measure_run(
         raws = await client.run_raw(rows)
         assert len(raws) == len(rows) and all(r.body for r in raws), raws[0].error
 
-    async def stream_raw() -> None:
-        raws = await collect_raw(client, rows)
-        assert len(raws) == len(rows) and all(r.body for r in raws), raws[0].error
+    async def stream() -> None:
+        rollouts = await collect(client, rows)
+        assert len(rollouts) == len(rows) and all(r.ok for r in rollouts), rollouts[0].error
 
     async def run() -> None:
         rollouts = await client.run(rows, eos_token_id=EOS)
@@ -149,12 +147,12 @@ async def measure_run(
     variants: dict[str, Callable[[], Awaitable[None]]] = {
         "raw": raw,
         "run_raw": run_raw,
-        "stream_raw": stream_raw,
         "run": run,
+        "stream": stream,
     }
     warm = rows[: min(len(rows), 2 * concurrency)]
     await raw_loop.run(warm)
-    await collect_raw(client, warm)
+    await client.run_raw(warm)
     results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in variants}
     names = list(variants)
     try:
@@ -279,7 +277,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 )
             print(
                 f"  run_raw / raw = {rates['run_raw'] / rates['raw']:.2f}x   "
-                f"stream_raw / raw = {rates['stream_raw'] / rates['raw']:.2f}x   "
+                f"stream / raw = {rates['stream'] / rates['raw']:.2f}x   "
                 f"run / raw = {rates['run'] / rates['raw']:.2f}x"
             )
             paired = [

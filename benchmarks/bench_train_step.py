@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PHASES = (
     ("rollout wait", "rollout_s"),
-    ("parse/collate", "parse_collate_s"),
+    ("collate", "collate_s"),
     ("learner", "learner_s"),
     ("  forward+backward", "forward_backward_s"),
     ("  optimizer", "optimizer_s"),

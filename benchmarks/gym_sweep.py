@@ -15,6 +15,7 @@ outcome:
   start         it does not start
   run           it starts but ``/run`` fails on every row
   library       its config says it is no standalone server (code other servers import)
+  data          its config names example rows the installed nemo-gym does not ship
 
 each with a one-line reason. What an environment needs is read from its files first (its
 requirements, config and code: `hints`) and used to explain a failure; an environment is
@@ -47,11 +48,20 @@ import attrs
 
 from nemogym_sdk import AgentClient, RolloutStatus, Timeouts
 from nemogym_sdk.errors import ConfigError
-from nemogym_sdk.gym import GymStack, GymVenv, PolicyModel, find_gym_venv, start_serve
-from nemogym_sdk.gym.loading import allowed_agents, load_environment_config, server_type_of
+from nemogym_sdk.gym import (
+    DatasetMissingError,
+    GymStack,
+    GymVenv,
+    PolicyModel,
+    build_stack_config,
+    find_gym_venv,
+    start_serve,
+)
+from nemogym_sdk.gym.loading import load_environment_config, server_type_of
 from nemogym_sdk.gym.locate import locate_environment
 from nemogym_sdk.gym.process import tail
 from nemogym_sdk.gym.requirements import read_server_requirements
+from nemogym_sdk.gym.resolve import resolve_each
 from nemogym_sdk.gym.specs import AGENTS
 from nemogym_sdk.serve.tiny import build_tiny_tokenizer
 
@@ -64,6 +74,7 @@ CLASSES = {
     "start": "start fails",
     "run": "`/run` fails",
     "library": "not an environment (a library)",
+    "data": "example rows not shipped",
 }
 """Outcome classes, in the order the table lists them."""
 
@@ -334,22 +345,24 @@ def sweep_one(
             ready_timeout=ready_timeout,
             default_max_steps=8,  # a scripted policy that keeps calling tools must end
         ).start()
+    except DatasetMissingError as error:
+        why = f"{error.config_path.name} names {error.path.name}, which nemo-gym does not ship"
+        return done("data", why)
     except Exception as error:  # noqa: BLE001 -- every failure is an outcome, not the end
         stage = "requirements" if "equirement" in type(error).__name__ else "start"
         message = f"{type(error).__name__}: {error}"
         return done(*classify_failure(stage, message, hinted))
     try:
-        if not stack.agent_urls:
-            allowed = sorted({agent for _, agent in allowed_agents(stack.config.global_config)})
-            message = f"its config starts no agent (allowed_agents: {', '.join(allowed) or '-'})"
+        setup = stack.environment(name)
+        if setup.agent is None:
+            allowed = ", ".join(sorted(setup.allowed_agents)) or "-"
+            message = f"its config starts no agent (allowed_agents: {allowed})"
             return done(*classify_failure("start", message, hinted))
         examples = stack.example_rows(name)[:rows]
         if not examples:
             return done("run", "ships no example rows")
         timeouts = Timeouts(request=run_timeout, total=run_timeout * len(examples))
-        with AgentClient(
-            stack.agent_urls, default_agent=stack.default_agents.get(name), timeouts=timeouts
-        ) as client:
+        with AgentClient(stack.directory, default_agent=setup.agent, timeouts=timeouts) as client:
             rollouts = client.run_sync(examples, eos_token_id=build_tiny_tokenizer().eos_token_id)
         scored = [r for r in rollouts if r.status == RolloutStatus.OK and math.isfinite(r.reward)]
         if scored:
@@ -378,16 +391,36 @@ def sweep_one(
 
 def shipped_environments(venv: GymVenv) -> list[str]:
     """Every resources server NeMo Gym ships that has a config: by its name, or, when it
-    has no config of its own name, as ``<name>:<its first config>``."""
+    has no config of its own name, as ``<name>:<its first config>``; then every other
+    config naming example rows the wheel does not ship (so the table lists each)."""
     root = venv.site_packages / "resources_servers"
-    names = []
+    names, others = [], []
     for directory in sorted(p for p in root.iterdir() if (p / "configs").is_dir()):
         configs = sorted((directory / "configs").glob("*.yaml"))
         if any(c.stem == directory.name for c in configs):
             names.append(directory.name)
         elif configs:
             names.append(f"{directory.name}:{_variant_for_examples(directory, configs).stem}")
-    return names
+        others += [f"{directory.name}:{c.stem}" for c in configs if c.stem != directory.name]
+    return names + _without_example_rows(venv, [n for n in others if n not in names])
+
+
+def _without_example_rows(venv: GymVenv, names: Sequence[str]) -> list[str]:
+    """Those of ``names`` whose config builds but names example rows that are not there
+    (all resolved in one request to the NeMo Gym worker)."""
+    resolve_each(venv, names)
+    model = PolicyModel(base_url="http://127.0.0.1:1/v1", model="none")
+    found = []
+    for name in names:
+        try:
+            config = build_stack_config(
+                venv, [name], model, allocate_ports=lambda n: list(range(20000, 20000 + n))
+            )
+        except ConfigError:
+            continue
+        if not all(setup.example_path.is_file() for setup in config.environments):
+            found.append(name)
+    return found
 
 
 def _variant_for_examples(directory: Path, configs: Sequence[Path]) -> Path:

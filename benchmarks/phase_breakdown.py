@@ -3,9 +3,10 @@
 Reads the line per step the trainer writes and prints, for the steps after ``--warmup``, the
 median seconds of each phase and its share of the median step:
 
-  rollout        AgentClient.run_raw_sync: every /run of the step (NeMo Gym's agent, resources
-                 and model servers, and the sampler behind them)
-  parse/collate  /run bodies -> Rollouts, collate, group advantages (the SDK)
+  rollout        AgentClient.run_sync: every /run of the step (NeMo Gym's agent, resources
+                 and model servers, and the sampler behind them), each /run body parsed
+                 into a Rollout as it arrives, while the others still play
+  collate        Rollouts -> Batch, group advantages (the SDK)
   learner        train_step: forward/backward passes and the optimizer step
   sync           LoraSync: save the adapter, load it in place, confirm it in /v1/models
 
@@ -27,7 +28,7 @@ from typing import Any
 
 PHASES = (
     ("rollout", "rollout_s"),
-    ("parse/collate", "parse_collate_s"),
+    ("collate", "collate_s"),
     ("learner", "learner_s"),
     ("sync", "sync_s"),
     ("step", "step_s"),

@@ -62,13 +62,15 @@ def as_samples(output: list[dict[str, Any]]) -> list[Sample]:
             train_mask=tuple(d["env_mask"]),
             logprobs=tuple(d["logprobs"]),
             reward=d["reward"],
+            num_turns=d["num_turns"],
         )
         for d in output
     ]
 
 
 def test_every_property_check() -> None:
-    """Stitching, logprobs, masking, drift, failure shapes and crash-freedom."""
+    """The ground truth (tokens, masks, logprobs, reward, turns), drift, failure shapes
+    and crash-freedom, each check on its own."""
     check_all(Parser(parse=to_trainer_samples, samples=as_samples, takes_bytes=True))
 
 

@@ -90,10 +90,10 @@ def servers(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
         with GymStack(
             [args.environment], policy, head_server=True, workdir=args.out / "gym"
         ) as stack:
-            assert stack.head_url is not None
+            assert stack.directory.head_url is not None
             yield {
                 "sampler_url": backend.base_url,
-                "head_url": stack.head_url,
+                "head_url": stack.directory.head_url,
                 "train_path": args.train_file or stack.train_paths[args.environment],
             }
 

@@ -1,11 +1,16 @@
 """nemogym_sdk: typed, fast, tested glue between NVIDIA NeMo Gym environments and RL trainers.
 
-The core (records, turn parser, env-mask builder, collation, hosts, rows, reward
-pass-through, GRPO advantages) is pure: it imports numpy and attrs, never torch, trl, transformers,
-vllm or axolotl. The network layer (``AgentClient``, ``ServerDirectory``, ``Verifier``,
-``reward_nemo_gym_verify``) is imported on first use, so ``import nemogym_sdk`` stays
-fast and does not load aiohttp or requests. The LoRA sync names (``LoraSync``,
-``check_served_name``, ``probe_lora_support``, ``install_lora_sync``) load the same way.
+The core (records, turn parser, collation, hosts, rows, reward pass-through, GRPO
+advantages, step metrics) is pure: it imports numpy and attrs, never torch, trl,
+transformers, vllm or axolotl. The network layer (``AgentClient``, ``ServerDirectory``,
+``Verifier``, ``reward_nemo_gym_verify``) is imported on first use, so ``import
+nemogym_sdk`` stays fast and does not load aiohttp or requests. The LoRA sync names
+(``LoraSync``, ``check_served_name``, ``probe_lora_support``, ``install_lora_sync``) load
+the same way.
+
+The top level holds what a trainer author uses; the rest of each module's names
+(``nemogym_sdk.masks.CompletionBuilder``, ``nemogym_sdk.grpo.AdvantageStats``,
+``nemogym_sdk.directory.ServerInfo`` ...) stay in their modules.
 """
 
 from __future__ import annotations
@@ -14,35 +19,27 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from nemogym_sdk.collate import collate
-from nemogym_sdk.data import expand_groups, load_rows, read_rows
+from nemogym_sdk.data import expand_groups, load_rows
 from nemogym_sdk.errors import (
     ConfigError,
     DataError,
     DeadlineError,
     DiscoveryError,
     DriftError,
+    LoraSyncError,
     NemoGymError,
     NotReadyError,
-    RowError,
     ServerError,
     TransportError,
     UnknownAgentError,
 )
-from nemogym_sdk.grpo import (
-    Advantages,
-    AdvantageStats,
-    Aggregation,
-    Scaling,
-    compute_advantages,
-    group_advantages,
-)
-from nemogym_sdk.hosts import base_url, normalize_host, routable_host, split_host_port
-from nemogym_sdk.masks import Completion, CompletionBuilder
+from nemogym_sdk.grpo import Advantages, Scaling, compute_advantages, group_advantages
+from nemogym_sdk.hosts import base_url, normalize_host, routable_host
+from nemogym_sdk.metrics import RolloutStats
 from nemogym_sdk.policy import RetryPolicy, SamplingParams, Timeouts
 from nemogym_sdk.records import (
     Batch,
     DriftPolicy,
-    DriftReport,
     ParseOptions,
     Rollout,
     RolloutRequest,
@@ -54,12 +51,9 @@ from nemogym_sdk.turns import parse_agent_response
 
 if TYPE_CHECKING:
     from nemogym_sdk.client import AgentClient, RawRun
-    from nemogym_sdk.directory import ServerDirectory, ServerInfo
+    from nemogym_sdk.directory import ServerDirectory
     from nemogym_sdk.lora import (
-        LoraCapabilities,
         LoraSync,
-        LoraSyncError,
-        LoraSyncHook,
         SyncRecord,
         check_served_name,
         install_lora_sync,
@@ -69,7 +63,6 @@ if TYPE_CHECKING:
         Verifier,
         VerifyItem,
         VerifyResult,
-        VerifyStats,
         clear_verifier_cache,
         reward_nemo_gym_verify,
         verify_stats,
@@ -81,11 +74,7 @@ _LAZY = {
     "AgentClient": "nemogym_sdk.client",
     "RawRun": "nemogym_sdk.client",
     "ServerDirectory": "nemogym_sdk.directory",
-    "ServerInfo": "nemogym_sdk.directory",
-    "LoraCapabilities": "nemogym_sdk.lora",
     "LoraSync": "nemogym_sdk.lora",
-    "LoraSyncError": "nemogym_sdk.lora",
-    "LoraSyncHook": "nemogym_sdk.lora",
     "SyncRecord": "nemogym_sdk.lora",
     "check_served_name": "nemogym_sdk.lora",
     "install_lora_sync": "nemogym_sdk.lora",
@@ -93,7 +82,6 @@ _LAZY = {
     "Verifier": "nemogym_sdk.verify",
     "VerifyItem": "nemogym_sdk.verify",
     "VerifyResult": "nemogym_sdk.verify",
-    "VerifyStats": "nemogym_sdk.verify",
     "clear_verifier_cache": "nemogym_sdk.verify",
     "reward_nemo_gym_verify": "nemogym_sdk.verify",
     "verify_stats": "nemogym_sdk.verify",
@@ -114,24 +102,17 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "AdvantageStats",
     "Advantages",
     "AgentClient",
-    "Aggregation",
     "Batch",
-    "Completion",
-    "CompletionBuilder",
     "ConfigError",
     "DataError",
     "DeadlineError",
     "DiscoveryError",
     "DriftError",
     "DriftPolicy",
-    "DriftReport",
-    "LoraCapabilities",
     "LoraSync",
     "LoraSyncError",
-    "LoraSyncHook",
     "NemoGymError",
     "NotReadyError",
     "ParseOptions",
@@ -139,13 +120,12 @@ __all__ = [
     "RetryPolicy",
     "Rollout",
     "RolloutRequest",
+    "RolloutStats",
     "RolloutStatus",
-    "RowError",
     "SamplingParams",
     "Scaling",
     "ServerDirectory",
     "ServerError",
-    "ServerInfo",
     "SyncRecord",
     "TaskRow",
     "Timeouts",
@@ -154,7 +134,6 @@ __all__ = [
     "Verifier",
     "VerifyItem",
     "VerifyResult",
-    "VerifyStats",
     "__version__",
     "base_url",
     "check_served_name",
@@ -168,10 +147,8 @@ __all__ = [
     "normalize_host",
     "parse_agent_response",
     "probe_lora_support",
-    "read_rows",
     "reward_env",
     "reward_nemo_gym_verify",
     "routable_host",
-    "split_host_port",
     "verify_stats",
 ]

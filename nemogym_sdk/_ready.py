@@ -1,4 +1,5 @@
-"""The one readiness poller, shared by ``ServerDirectory.wait_until_ready`` and ``gym``.
+"""The one readiness poller: ``ServerDirectory`` (its head server and ``wait_until_ready``),
+``gym`` (local servers and backends) and the vLLM proxy's start all wait through it.
 
 ``poll_ready`` asks ``GET`` of each URL, round after round, until every one answers
 as wanted or the time is up, and returns what is still pending and why. Callers turn
@@ -13,6 +14,9 @@ import time
 from collections.abc import Callable, Mapping
 
 import requests
+
+from nemogym_sdk._http import send
+from nemogym_sdk.errors import DeadlineError, TransportError
 
 __all__ = ["answered", "poll_ready", "status_2xx"]
 
@@ -38,6 +42,7 @@ def poll_ready(
     interval: float = 0.25,
     ready: Callable[[int], bool] = status_2xx,
     before_probe: Callable[[str], None] | None = None,
+    probe_timeout: float | None = None,
 ) -> dict[str, str]:
     """Poll ``GET url`` for every ``name -> url`` until all are ready or ``timeout`` passes.
 
@@ -49,6 +54,8 @@ def poll_ready(
         ready: which HTTP status counts as ready.
         before_probe: called with a name before each of its probes; may raise to stop
             polling (e.g. when the local process behind it has exited).
+        probe_timeout: the most one probe waits (default: ``PROBE_TIMEOUT_S``, or
+            ``timeout`` when that is shorter).
 
     Returns:
         name -> why it is not ready, in ``urls`` order, for those still pending (empty
@@ -56,16 +63,18 @@ def poll_ready(
     """
     deadline = time.monotonic() + timeout
     pending = {name: "not checked yet" for name in urls}
-    probe_timeout = min(PROBE_TIMEOUT_S, timeout) if timeout > 0 else PROBE_TIMEOUT_S
+    if probe_timeout is None:
+        probe_timeout = min(PROBE_TIMEOUT_S, timeout) if timeout > 0 else PROBE_TIMEOUT_S
     while True:
         for name in list(pending):
             if before_probe is not None:
                 before_probe(name)
             url = urls[name]
             try:
-                response = session.get(url, timeout=probe_timeout)
-            except requests.RequestException as exc:
-                pending[name] = f"{url}: {type(exc).__name__}"
+                response = send(session, "GET", url, timeout=probe_timeout)
+            except (TransportError, DeadlineError) as exc:
+                cause = exc.__cause__ if exc.__cause__ is not None else exc
+                pending[name] = f"{url}: {type(cause).__name__}"
                 continue
             if ready(response.status_code):
                 del pending[name]

@@ -4,22 +4,25 @@
 - Separate connect, per-request and whole-batch deadlines (``Timeouts``).
 - Capped exponential backoff with jitter on connection errors, 429 and 5xx only.
 - No cookie is shared between rollouts (NeMo Gym keys environment state by cookie).
-- Rows route by ``agent_ref.name``; rows without one go to the default agent; an
-  unknown name raises ``UnknownAgentError`` before anything is sent.
+- Rows route by ``agent_ref.name``; rows without one go to the deployment's default
+  agent (``ServerDirectory.default_agent``); an unknown name raises
+  ``UnknownAgentError`` before anything is sent.
 - Every requested rollout comes back, as a result or a typed failure, tagged with its
-  row id and repeat index: in input order (``run``) or as they complete (``stream``).
-- ``run_sync`` serves trainers that are not async, on one loop thread the client owns.
+  row id and repeat index: in input order (``run``, ``run_sync``) or as they complete
+  (``stream``). Each result is parsed as soon as it arrives, while the others play.
+- ``run_sync`` (play and parse) serves trainers that are not async, on one loop thread
+  the client owns; ``run_raw`` / ``run_raw_sync`` give the unparsed exchanges
+  (``RawRun``) to users who parse ``/run`` bodies themselves.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import AsyncGenerator, Coroutine, Iterable, Mapping
+from typing import Any, NamedTuple, TypeVar
 
 import attrs
 
@@ -27,16 +30,9 @@ from nemogym_sdk._session import STATUS_OF, SessionOwner
 from nemogym_sdk.directory import ServerDirectory
 from nemogym_sdk.errors import ConfigError, DataError, UnknownAgentError
 from nemogym_sdk.policy import RetryPolicy, SamplingParams, Timeouts
-from nemogym_sdk.records import (
-    DriftPolicy,
-    ParseOptions,
-    Rollout,
-    RolloutRequest,
-    RolloutStatus,
-    TaskRow,
-)
-from nemogym_sdk.turns import Decode, parse_agent_response
-from nemogym_sdk.wire import RUN_ROUTE, build_run_body
+from nemogym_sdk.records import ParseOptions, Rollout, RolloutRequest, RolloutStatus, TaskRow
+from nemogym_sdk.turns import parse_agent_response, stamp
+from nemogym_sdk.wire import AGENTS, RUN_ROUTE, build_run_body
 
 __all__ = ["AgentClient", "RawRun", "RowInput"]
 
@@ -44,6 +40,8 @@ logger = logging.getLogger(__name__)
 
 RowInput = TaskRow | RolloutRequest | Mapping[str, Any]
 """A row to play: a ``TaskRow``, an already expanded ``RolloutRequest``, or a raw row dict."""
+
+_DEFAULT_PARSE = ParseOptions()
 
 
 @attrs.frozen(kw_only=True)
@@ -73,6 +71,26 @@ class RawRun:
         """The decoded body (None when there is none)."""
         return None if self.body is None else json.loads(self.body)
 
+    def rollout(self, eos_token_id: int, parse: ParseOptions = _DEFAULT_PARSE) -> Rollout:
+        """This exchange as a ``Rollout`` tagged with its row id, repeat index and agent
+        (a failed exchange is a failed rollout with its status and reason)."""
+        if self.body is None:
+            rollout = Rollout.failed(self.status, eos_token_id, error=self.error)
+        else:
+            rollout = parse_agent_response(
+                self.body,
+                eos_token_id,
+                on_drift=parse.on_drift,
+                max_completion_length=parse.max_completion_length,
+                decode=parse.decode,
+            )
+        return stamp(
+            rollout,
+            row_id=self.request.row.row_id,
+            repeat_index=self.request.repeat_index,
+            agent_name=self.agent_name,
+        )
+
 
 class _Job(NamedTuple):
     position: int
@@ -90,14 +108,15 @@ class AgentClient(SessionOwner):
     Example::
 
         directory = ServerDirectory.from_head("127.0.0.1:11000")
-        async with AgentClient(directory, sampling=SamplingParams(temperature=1.0)) as client:
-            rollouts = await client.run(rows, eos_token_id=tok.eos_token_id, num_generations=8)
+        with AgentClient(directory, sampling=SamplingParams(temperature=1.0)) as client:
+            rollouts = client.run_sync(rows, eos_token_id=tok.eos_token_id, num_generations=8)
 
     Args:
-        agents: agent instance name -> URL, or a ``ServerDirectory``.
-        default_agent: agent for rows without ``agent_ref``; defaults to the only agent
-            when there is exactly one.
-        sampling: sampling parameters forced onto every row (see ``SamplingParams``).
+        agents: a ``ServerDirectory``, or agent instance name -> URL.
+        default_agent: agent for rows without ``agent_ref``; default the directory's
+            (``ServerDirectory.default_agent``: the only agent when there is one).
+        sampling: sampling parameters forced onto every row (see ``SamplingParams``);
+            pass the same record to the learner (``adapters.torch.train_step``).
         timeouts: connect / per-request / whole-batch deadlines.
         retry: retry policy for connection errors, 429 and 5xx.
         max_concurrency: rollouts in flight at once, over all agents.
@@ -126,19 +145,18 @@ class AgentClient(SessionOwner):
             max_per_host=max_per_host,
             seed=seed,
         )
-        directory = (
-            agents
-            if isinstance(agents, ServerDirectory)
-            else ServerDirectory.from_urls(agents=agents)
-        )
+        directory = ServerDirectory.of(agents, AGENTS)
+        if default_agent is not None:  # an unknown default is an UnknownAgentError now
+            directory = directory.with_default_agent(default_agent)
         self.directory = directory
+        """The deployment the rows are played on."""
         self.sampling = sampling
-        known = directory.agents
-        if default_agent is None and len(known) == 1:
-            default_agent = next(iter(known))
-        if default_agent is not None:
-            directory.agent_url(default_agent)  # unknown default -> UnknownAgentError now
-        self.default_agent = default_agent
+        """The sampling parameters forced onto every row."""
+
+    @property
+    def default_agent(self) -> str | None:
+        """The agent rows without ``agent_ref`` go to (``ServerDirectory.default_agent``)."""
+        return self.directory.default_agent
 
     # --- planning ---------------------------------------------------------------------------
 
@@ -151,7 +169,8 @@ class AgentClient(SessionOwner):
             )
         return name
 
-    def plan(self, rows: Iterable[RowInput], num_generations: int = 1) -> list[RolloutRequest]:
+    @staticmethod
+    def _plan(rows: Iterable[RowInput], num_generations: int) -> list[RolloutRequest]:
         """Expand rows into ``num_generations`` requests each (``aabb`` order).
 
         ``RolloutRequest`` inputs are taken as already expanded; raw dict rows get ids
@@ -169,12 +188,12 @@ class AgentClient(SessionOwner):
             requests += [RolloutRequest(row=row, repeat_index=i) for i in range(num_generations)]
         return requests
 
-    def _jobs(self, requests: Sequence[RolloutRequest]) -> list[_Job]:
-        """Route and encode every request; raises before anything is sent."""
+    def _jobs(self, rows: Iterable[RowInput], num_generations: int) -> list[_Job]:
+        """Expand, route and encode every request; raises before anything is sent."""
         overrides = self.sampling.overrides()
         urls = {name: f"{url}{RUN_ROUTE}" for name, url in self.directory.agents.items()}
         jobs = []
-        for index, request in enumerate(requests):
+        for index, request in enumerate(self._plan(rows, num_generations)):
             name = self._route(request)
             if name not in urls:
                 self.directory.agent_url(name)  # raises UnknownAgentError naming the agents
@@ -185,7 +204,12 @@ class AgentClient(SessionOwner):
             jobs.append(_Job(index, request, name, urls[name], body))
         return jobs
 
-    # --- raw runs ---------------------------------------------------------------------------
+    def _start_batch(self) -> float | None:
+        """Bind the session to the running loop; the batch's absolute deadline."""
+        self._bind()
+        return self._deadline()
+
+    # --- one exchange ---------------------------------------------------------------------
 
     async def _play(self, job: _Job, deadline: float | None) -> RawRun:
         per_host, everyone = self._limits(job.url)
@@ -212,29 +236,52 @@ class AgentClient(SessionOwner):
             seconds=time.monotonic() - started,
         )
 
-    async def run_raw(self, rows: Iterable[RowInput], *, num_generations: int = 1) -> list[RawRun]:
-        """Play every row ``num_generations`` times; unparsed exchanges in input order."""
-        jobs = self._jobs(self.plan(rows, num_generations))
-        self._bind()
-        deadline = self._deadline()
-        tasks = [asyncio.ensure_future(self._play(job, deadline)) for job in jobs]
-        try:
-            return list(await asyncio.gather(*tasks))
-        finally:
-            for task in tasks:
-                task.cancel()
+    async def _play_parsed(
+        self, job: _Job, deadline: float | None, eos_token_id: int, parse: ParseOptions
+    ) -> Rollout:
+        """Play one job and parse it at once, while the other jobs are still playing."""
+        return (await self._play(job, deadline)).rollout(eos_token_id, parse)
 
-    async def stream_raw(
-        self, rows: Iterable[RowInput], *, num_generations: int = 1
-    ) -> AsyncGenerator[RawRun, None]:
-        """Play every row ``num_generations`` times; yield each exchange as it completes.
+    # --- playing ----------------------------------------------------------------------------
+
+    async def run(
+        self,
+        rows: Iterable[RowInput],
+        *,
+        eos_token_id: int,
+        num_generations: int = 1,
+        parse: ParseOptions = _DEFAULT_PARSE,
+    ) -> list[Rollout]:
+        """Play every row ``num_generations`` times; rollouts in input order (``aabb``).
+
+        Args:
+            rows: ``TaskRow``s (ids from ``load_rows``), ``RolloutRequest``s, or row dicts.
+            eos_token_id: the one token of a failed rollout (the seed contract's shape).
+            num_generations: rollouts per row (a GRPO group).
+            parse: how ``/run`` results become rollouts (drift policy, truncation).
+        """
+        jobs = self._jobs(rows, num_generations)
+        deadline = self._start_batch()
+        return await _in_order(self._play_parsed(j, deadline, eos_token_id, parse) for j in jobs)
+
+    async def stream(
+        self,
+        rows: Iterable[RowInput],
+        *,
+        eos_token_id: int,
+        num_generations: int = 1,
+        parse: ParseOptions = _DEFAULT_PARSE,
+    ) -> AsyncGenerator[Rollout, None]:
+        """Yield rollouts as they complete (each tagged with ``row_id`` and ``repeat_index``).
 
         Closing the generator early (``break``, ``aclose``) cancels what is still running.
         """
-        jobs = self._jobs(self.plan(rows, num_generations))
-        self._bind()
-        deadline = self._deadline()
-        tasks = [asyncio.ensure_future(self._play(job, deadline)) for job in jobs]
+        jobs = self._jobs(rows, num_generations)
+        deadline = self._start_batch()
+        tasks = [
+            asyncio.ensure_future(self._play_parsed(job, deadline, eos_token_id, parse))
+            for job in jobs
+        ]
         try:
             for next_done in asyncio.as_completed(tasks):
                 yield await next_done
@@ -243,127 +290,41 @@ class AgentClient(SessionOwner):
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    # --- rollouts ---------------------------------------------------------------------------
-
-    @staticmethod
-    def to_rollout(
-        raw: RawRun,
-        eos_token_id: int,
-        *,
-        on_drift: DriftPolicy | str = DriftPolicy.MARK,
-        max_completion_length: int | None = None,
-        decode: Decode | None = None,
-        parse_options: ParseOptions | None = None,
-    ) -> Rollout:
-        """Parse one exchange into a ``Rollout`` tagged with its row, repeat and agent.
-
-        ``parse_options`` carries ``on_drift``, ``max_completion_length`` and ``decode``
-        as one record; pass either it or those keywords.
-        """
-        options = _options(parse_options, on_drift, max_completion_length, decode)
-        return _to_rollout(raw, eos_token_id, options)
-
-    async def stream(
-        self,
-        rows: Iterable[RowInput],
-        *,
-        eos_token_id: int,
-        num_generations: int = 1,
-        on_drift: DriftPolicy | str = DriftPolicy.MARK,
-        max_completion_length: int | None = None,
-        decode: Decode | None = None,
-        parse_options: ParseOptions | None = None,
-    ) -> AsyncGenerator[Rollout, None]:
-        """Yield rollouts as they complete (each tagged with ``row_id`` and ``repeat_index``).
-
-        Closing the generator early (``break``, ``aclose``) cancels what is still running.
-        """
-        options = _options(parse_options, on_drift, max_completion_length, decode)
-        raws = self.stream_raw(rows, num_generations=num_generations)
-        async with contextlib.aclosing(raws):
-            async for raw in raws:
-                yield _to_rollout(raw, eos_token_id, options)
-
-    async def run(
-        self,
-        rows: Iterable[RowInput],
-        *,
-        eos_token_id: int,
-        num_generations: int = 1,
-        on_drift: DriftPolicy | str = DriftPolicy.MARK,
-        max_completion_length: int | None = None,
-        decode: Decode | None = None,
-        parse_options: ParseOptions | None = None,
-    ) -> list[Rollout]:
-        """Play every row ``num_generations`` times; rollouts in input order (``aabb``)."""
-        options = _options(parse_options, on_drift, max_completion_length, decode)
-        raws = await self.run_raw(rows, num_generations=num_generations)
-        return [_to_rollout(raw, eos_token_id, options) for raw in raws]
-
     def run_sync(
         self,
         rows: Iterable[RowInput],
         *,
         eos_token_id: int,
         num_generations: int = 1,
-        on_drift: DriftPolicy | str = DriftPolicy.MARK,
-        max_completion_length: int | None = None,
-        decode: Decode | None = None,
-        parse_options: ParseOptions | None = None,
+        parse: ParseOptions = _DEFAULT_PARSE,
     ) -> list[Rollout]:
-        """``run`` for synchronous callers, on the client's own loop thread."""
-        options = _options(parse_options, on_drift, max_completion_length, decode)
+        """Play and parse: ``run`` for synchronous callers, on the client's own loop thread."""
         rows = list(rows)
         return self._run_sync(
-            self.run(
-                rows,
-                eos_token_id=eos_token_id,
-                num_generations=num_generations,
-                parse_options=options,
-            )
+            self.run(rows, eos_token_id=eos_token_id, num_generations=num_generations, parse=parse)
         )
+
+    async def run_raw(self, rows: Iterable[RowInput], *, num_generations: int = 1) -> list[RawRun]:
+        """Play every row ``num_generations`` times; the unparsed exchanges, in input order
+        (``RawRun.rollout`` parses one)."""
+        jobs = self._jobs(rows, num_generations)
+        deadline = self._start_batch()
+        return await _in_order(self._play(job, deadline) for job in jobs)
 
     def run_raw_sync(self, rows: Iterable[RowInput], *, num_generations: int = 1) -> list[RawRun]:
         """``run_raw`` for synchronous callers, on the client's own loop thread."""
         return self._run_sync(self.run_raw(list(rows), num_generations=num_generations))
 
 
-_DEFAULT_PARSE = ParseOptions()
+T = TypeVar("T")
 
 
-def _options(
-    given: ParseOptions | None,
-    on_drift: DriftPolicy | str,
-    max_completion_length: int | None,
-    decode: Decode | None,
-) -> ParseOptions:
-    """The one parse-options record, from ``parse_options`` or from the loose keywords."""
-    loose = ParseOptions(
-        on_drift=on_drift, max_completion_length=max_completion_length, decode=decode
-    )
-    if given is None:
-        return loose
-    if loose != _DEFAULT_PARSE or decode is not None:
-        raise ConfigError(
-            "pass either parse_options or on_drift/max_completion_length/decode, not both"
-        )
-    return given
-
-
-def _to_rollout(raw: RawRun, eos_token_id: int, options: ParseOptions) -> Rollout:
-    if raw.body is None:
-        rollout = Rollout.failed(raw.status, eos_token_id, error=raw.error)
-    else:
-        rollout = parse_agent_response(
-            raw.body,
-            eos_token_id,
-            on_drift=options.on_drift,
-            max_completion_length=options.max_completion_length,
-            decode=options.decode,
-        )
-    row_id, repeat, agent = raw.request.row.row_id, raw.request.repeat_index, raw.agent_name
-    forks = tuple(
-        attrs.evolve(fork, row_id=row_id, repeat_index=repeat, agent_name=agent)
-        for fork in rollout.forks
-    )
-    return attrs.evolve(rollout, forks=forks, row_id=row_id, repeat_index=repeat, agent_name=agent)
+async def _in_order(coroutines: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
+    """Run the coroutines concurrently; their results in input order. If one raises (or
+    the caller is cancelled), the others are cancelled."""
+    tasks = [asyncio.ensure_future(coroutine) for coroutine in coroutines]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()

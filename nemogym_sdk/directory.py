@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -25,14 +24,13 @@ import attrs
 import requests
 import yaml
 
+from nemogym_sdk._http import check, owned_session, send
 from nemogym_sdk._ready import poll_ready
 from nemogym_sdk.errors import (
     ConfigError,
     DataError,
     DiscoveryError,
     NotReadyError,
-    ServerError,
-    TransportError,
     UnknownAgentError,
 )
 from nemogym_sdk.hosts import base_url, routable_host, split_host_port
@@ -49,7 +47,15 @@ from nemogym_sdk.wire import (
     decode_server_instance,
 )
 
-__all__ = ["AGENTS", "ENVIRONMENTS", "MODELS", "RESOURCES", "ServerDirectory", "ServerInfo"]
+__all__ = [
+    "AGENTS",
+    "ENVIRONMENTS",
+    "MODELS",
+    "RESOURCES",
+    "ServerDirectory",
+    "ServerInfo",
+    "resolve_interpolations",
+]
 
 ENVIRONMENTS = ENVIRONMENT_SERVERS
 """The environment servers' type (``nemogym_sdk.wire.ENVIRONMENT_SERVERS``)."""
@@ -76,7 +82,20 @@ class ServerInfo:
 
 
 class ServerDirectory:
-    """Agents, resources servers and model servers of one deployment, by instance name."""
+    """Agents, resources servers and model servers of one deployment, by instance name.
+
+    The SDK's one deployment record: ``from_head`` discovers a running NeMo Gym,
+    ``from_urls`` describes one by hand, ``GymStack.directory`` is a stack the SDK started;
+    ``AgentClient``, ``Verifier``, ``check_served_name`` and the adapters all take it. It
+    pickles, so a trainer's main process can send it to the other ranks.
+
+    Args:
+        servers: the servers, by instance name.
+        head_url: the head server's base URL, when there is one.
+        config: the global config (what the head's ``/global_config_dict_yaml`` serves).
+        default_agent: the agent for rows without ``agent_ref``; None: the only agent,
+            when exactly one is deployed (see ``default_agent``).
+    """
 
     def __init__(
         self,
@@ -84,12 +103,16 @@ class ServerDirectory:
         *,
         head_url: str | None = None,
         config: Mapping[str, Any] | None = None,
+        default_agent: str | None = None,
     ) -> None:
         self._servers = {s.name: s for s in servers}
         self.head_url = head_url
         """Base URL of the head server, when the directory came from one."""
         self.config: Mapping[str, Any] = config or {}
         """The global config (empty without a head server)."""
+        if default_agent is not None:
+            self.agent_url(default_agent)  # an unknown agent is an UnknownAgentError now
+        self._default_agent = default_agent
 
     # --- construction -----------------------------------------------------------------
 
@@ -102,16 +125,19 @@ class ServerDirectory:
         models: Mapping[str, str] | None = None,
     ) -> ServerDirectory:
         """A directory given explicitly (no head server). URLs may be ``host:port``."""
-        servers = [
-            ServerInfo(name=name, server_type=kind, url=base_url(url))
-            for kind, mapping in (
-                (AGENTS, agents),
-                (RESOURCES, resources_servers),
-                (MODELS, models),
-            )
-            for name, url in (mapping or {}).items()
-        ]
-        return cls(servers)
+        parts = ((AGENTS, agents), (RESOURCES, resources_servers), (MODELS, models))
+        return cls(info for kind, urls in parts for info in cls.of(urls or {}, kind).servers())
+
+    @classmethod
+    def of(cls, servers: Mapping[str, str] | ServerDirectory, server_type: str) -> ServerDirectory:
+        """``servers`` as a directory: a ``ServerDirectory`` as it is, or a name -> URL
+        mapping as servers of ``server_type`` (what ``AgentClient`` and ``Verifier`` take)."""
+        if isinstance(servers, ServerDirectory):
+            return servers
+        return cls(
+            ServerInfo(name=name, server_type=server_type, url=base_url(url))
+            for name, url in servers.items()
+        )
 
     @classmethod
     def from_head(
@@ -139,10 +165,10 @@ class ServerDirectory:
         """
         head_url = base_url(head, default_port=11000)
         head_host = split_host_port(head_url)[0]
-        http = session or requests.Session()
-        _wait_for_head(http, head_url, timeout, wait)
-        config = _resolve(_fetch_config(http, head_url, timeout))
-        instances = _fetch_json(http, f"{head_url}/server_instances", timeout)
+        with owned_session(session) as http:
+            _wait_for_head(http, head_url, timeout, wait)
+            config = resolve_interpolations(_fetch_config(http, head_url, timeout))
+            instances = _fetch_json(http, f"{head_url}/server_instances", timeout)
         if not isinstance(instances, list):
             raise DiscoveryError(f"{head_url}/server_instances did not return a list")
         servers = _servers_from(config, instances, head_host)
@@ -158,7 +184,12 @@ class ServerDirectory:
                     f"override for unknown server {name!r}; known servers: {self._names()}"
                 )
             servers[name] = attrs.evolve(servers[name], url=base_url(url))
-        return ServerDirectory(servers.values(), head_url=self.head_url, config=self.config)
+        return ServerDirectory(
+            servers.values(),
+            head_url=self.head_url,
+            config=self.config,
+            default_agent=self._default_agent,
+        )
 
     # --- lookup ---------------------------------------------------------------------------
 
@@ -190,6 +221,25 @@ class ServerDirectory:
     def _names(self, server_type: str | None = None) -> str:
         names = [s.name for s in self.servers(server_type)]
         return ", ".join(names) if names else "(none)"
+
+    @property
+    def default_agent(self) -> str | None:
+        """The agent rows without ``agent_ref`` go to: the one set explicitly
+        (``with_default_agent``), else the only agent when exactly one is deployed, else
+        None (such rows are then an error). The SDK's one copy of this rule."""
+        if self._default_agent is not None:
+            return self._default_agent
+        agents = self.servers(AGENTS)
+        return agents[0].name if len(agents) == 1 else None
+
+    def with_default_agent(self, name: str | None) -> ServerDirectory:
+        """A copy whose ``default_agent`` is ``name`` (None: the only-agent rule).
+
+        Raises ``UnknownAgentError`` when ``name`` is not a deployed agent.
+        """
+        return ServerDirectory(
+            self._servers.values(), head_url=self.head_url, config=self.config, default_agent=name
+        )
 
     def agent_url(self, name: str) -> str:
         """Base URL of an agent; ``UnknownAgentError`` names the known agents."""
@@ -235,9 +285,9 @@ class ServerDirectory:
         missing = [n for n in wanted if n not in self._servers]
         if missing:
             raise ConfigError(f"unknown servers {missing}; known servers: {self._names()}")
-        http = session or requests.Session()
         urls = {name: f"{self._servers[name].url}/" for name in wanted}
-        pending = poll_ready(urls, timeout=timeout, interval=interval, session=http)
+        with owned_session(session) as http:
+            pending = poll_ready(urls, timeout=timeout, interval=interval, session=http)
         if pending:
             detail = "; ".join(f"{name} ({why})" for name, why in pending.items())
             raise NotReadyError(f"servers not ready after {timeout:g} s: {detail}")
@@ -247,15 +297,7 @@ class ServerDirectory:
 
 
 def _fetch(http: requests.Session, url: str, timeout: float) -> requests.Response:
-    try:
-        response = http.get(url, timeout=timeout)
-    except requests.RequestException as exc:
-        raise TransportError(f"cannot reach {url}: {exc}") from exc
-    if response.status_code >= 400:
-        raise ServerError(
-            f"{url} answered HTTP {response.status_code}", response.status_code, response.text[:300]
-        )
-    return response
+    return check(send(http, "GET", url, timeout=timeout), url)
 
 
 def _fetch_json(http: requests.Session, url: str, timeout: float) -> Any:
@@ -266,21 +308,25 @@ def _fetch_json(http: requests.Session, url: str, timeout: float) -> Any:
         raise DiscoveryError(f"{url} did not return JSON: {response.text[:200]!r}") from exc
 
 
+def _head_ready(status: int) -> bool:
+    """``/readyz`` answers 200 once every server is up; a head without it (404) is ready."""
+    return status < 300 or status == 404
+
+
 def _wait_for_head(http: requests.Session, head_url: str, timeout: float, wait: float) -> None:
-    deadline = time.monotonic() + wait
-    last = "no answer"
-    while True:
-        try:
-            response = http.get(f"{head_url}/readyz", timeout=timeout)
-            if response.status_code < 300 or response.status_code == 404:
-                return
-            last = f"HTTP {response.status_code} {response.text[:100]}"
-        except requests.RequestException as exc:
-            last = f"{type(exc).__name__}: {exc}"
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(0.5)
-    raise NotReadyError(f"head server {head_url} not ready after {wait:g} s ({last})")
+    url = f"{head_url}/readyz"
+    pending = poll_ready(
+        {"head": url},
+        timeout=wait,
+        session=http,
+        interval=0.5,
+        ready=_head_ready,
+        probe_timeout=timeout,
+    )
+    if pending:
+        raise NotReadyError(
+            f"head server {head_url} not ready after {wait:g} s ({pending['head']})"
+        )
 
 
 def _fetch_config(http: requests.Session, head_url: str, timeout: float) -> dict[str, Any]:
@@ -314,7 +360,7 @@ def _lookup(root: Mapping[str, Any], dotted: str) -> Any:
     return node
 
 
-def _resolve(config: dict[str, Any]) -> dict[str, Any]:
+def resolve_interpolations(config: dict[str, Any]) -> dict[str, Any]:
     """Resolve plain ``${a.b}`` references against the config root (others stay as text)."""
 
     def resolve(value: Any, depth: int = 0) -> Any:
@@ -359,10 +405,6 @@ def _server_blocks(config: Mapping[str, Any]) -> dict[str, tuple[str, str, Mappi
     return found
 
 
-def _url(host: str, port: int) -> str:
-    return base_url(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
-
-
 def _servers_from(
     config: Mapping[str, Any], instances: list[Any], head_host: str
 ) -> list[ServerInfo]:
@@ -384,7 +426,7 @@ def _servers_from(
             name=name,
             server_type=server_type,
             implementation=implementation,
-            url=_url(routable_host(host, head_host), port),
+            url=base_url(routable_host(host, head_host), default_port=port),
             config=server_config,
         )
         for name, (server_type, implementation, server_config) in blocks.items()

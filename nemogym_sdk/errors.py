@@ -2,23 +2,46 @@
 
 Every error the library raises on purpose is a ``NemoGymError``. Each leaf also
 subclasses the builtin it refines, so callers that already catch ``ValueError``,
-``TimeoutError`` or ``ConnectionError`` keep working::
+``TimeoutError`` or ``ConnectionError`` keep working. The whole tree, with the module
+that defines each class outside this one (a test checks that this drawing lists every
+``NemoGymError`` subclass of the package, under its real parent)::
 
     NemoGymError
-    ├── ConfigError(ValueError)            bad arguments or configuration
-    ├── DataError(ValueError)              malformed data from a file or a server
-    │   ├── RowError                       a bad JSONL line (file and line number attached)
-    │   └── DriftError                     a prompt does not extend the history (raise policy)
-    ├── DiscoveryError(LookupError)        a server or agent cannot be found
-    │   └── UnknownAgentError(KeyError)    a row names an agent that is not deployed
-    ├── TransportError(ConnectionError)    connection refused, reset, DNS ...
-    ├── ServerError                        the server answered with an error status
-    └── DeadlineError(TimeoutError)        a connect, request or total deadline passed
-        └── NotReadyError                  servers did not become ready in time
+    ├── ConfigError(ValueError)                bad arguments or configuration
+    │   ├── GymVenvNotFoundError               gym.errors: no NeMo Gym venv
+    │   ├── UvNotFoundError                    gym.errors: no uv to build server venvs
+    │   ├── DatasetMissingError                gym.errors: a config's example rows are missing
+    │   └── VllmVenvNotFoundError              gym.vllm: no vLLM venv
+    ├── DataError(ValueError)                  malformed data from a file or a server
+    │   ├── RowError                           a bad JSONL line (file and line number attached)
+    │   └── DriftError                         a prompt does not extend the history (raise policy)
+    ├── DiscoveryError(LookupError)            a server or agent cannot be found
+    │   └── UnknownAgentError(KeyError)        a row names an agent that is not deployed
+    ├── TransportError(ConnectionError)        connection refused, reset, DNS ...
+    ├── ServerError                            the server answered with an error status
+    │   └── LoraSyncError                      an adapter load/unload was refused or not applied
+    ├── DeadlineError(TimeoutError)            a connect, request or total deadline passed
+    │   └── NotReadyError                      servers did not become ready in time
+    │       └── ServerNotReadyError            gym.errors: one local server, with its log
+    ├── ServerStartError(RuntimeError)         gym.errors: a local server exited at start-up
+    │   └── RequirementsInstallError           gym.errors: its requirements failed to install
+    ├── ServeError                             serve.errors: answered as an OpenAI error body
+    │   ├── BadRequestError(ValueError)        serve.errors: HTTP 400
+    │   │   └── SpliceError                    serve.chat: token ids cannot be spliced
+    │   ├── LogprobsModeMismatchError(ValueError)  serve.proxy_routes: vLLM's logprob mode differs
+    │   ├── NotFoundError(LookupError)         serve.errors: HTTP 404
+    │   ├── UpstreamError                      serve.errors: vLLM answered an error
+    │   ├── BadGatewayError                    serve.errors: HTTP 502
+    │   ├── UpstreamUnavailableError(ConnectionError)  serve.errors: HTTP 503
+    │   └── UpstreamTimeoutError(TimeoutError)         serve.errors: HTTP 504
+    ├── UnsupportedTRLError(ImportError)       adapters.trl: TRL outside the supported range
+    └── PropertyCheckError(AssertionError)     testing: a parser failed a property check
 
-Foreign exceptions (aiohttp, requests) are translated at one edge, with
-``raise ... from exc``. Exceptions keep their context in plain attributes that
-survive pickling, because rollouts and their errors cross process boundaries.
+Foreign exceptions (aiohttp, requests) are translated at one edge each, with
+``raise ... from exc``: ``nemogym_sdk._aio.post`` for aiohttp and
+``nemogym_sdk._http.send`` for requests. Exceptions keep their context in plain
+attributes that survive pickling, because rollouts and their errors cross process
+boundaries.
 """
 
 from __future__ import annotations
@@ -29,6 +52,7 @@ __all__ = [
     "DeadlineError",
     "DiscoveryError",
     "DriftError",
+    "LoraSyncError",
     "NemoGymError",
     "NotReadyError",
     "RowError",
@@ -111,3 +135,19 @@ class DeadlineError(NemoGymError, TimeoutError):
 
 class NotReadyError(DeadlineError):
     """Servers did not become ready before the deadline."""
+
+
+class LoraSyncError(ServerError):
+    """The inference server refused or did not apply a LoRA adapter operation.
+
+    ``status`` is the HTTP status (0 when the server answered success but its
+    ``/v1/models`` shows that the adapter did not take effect), ``body`` the start of
+    the answer, and ``server_message`` the server's own error message.
+    """
+
+    def __init__(
+        self, message: str, status: int = 0, body: str = "", server_message: str = ""
+    ) -> None:
+        super().__init__(message, status, body)
+        self.args = (message, status, body, server_message)
+        self.server_message = server_message

@@ -7,7 +7,14 @@ seed contract); ``routable_host`` also rewrites loopback addresses when the serv
 belong to a remote head server, because "loopback" then means the head's machine.
 
 URL helpers accept ``host``, ``host:port``, ``[v6]:port`` and full URLs, and return
-one canonical ``http://host:port`` form, so nothing downstream re-parses.
+one canonical form, so nothing downstream re-parses; this module is the one place URLs
+are canonicalised:
+
+- ``base_url``: ``scheme://host:port`` of a NeMo Gym server (no path);
+- ``server_root`` / ``openai_url``: an OpenAI-compatible server (vLLM, ``nemogym_sdk.serve``)
+  without and with its ``/v1``, a path prefix kept (``https://gw/vllm/v1``);
+- ``same_endpoint``: whether two URLs reach the same host and port (loopback and wildcard
+  spellings of this machine are one host).
 """
 
 from __future__ import annotations
@@ -22,7 +29,10 @@ __all__ = [
     "is_loopback",
     "is_wildcard",
     "normalize_host",
+    "openai_url",
     "routable_host",
+    "same_endpoint",
+    "server_root",
     "split_host_port",
 ]
 
@@ -84,7 +94,8 @@ def routable_host(host: str, head_host: str) -> str:
 
 
 def split_host_port(value: str, default_port: int | None = None) -> tuple[str, int | None]:
-    """Split ``host``, ``host:port``, ``[v6]:port`` or a URL into ``(host, port)``.
+    """Split ``host``, ``host:port``, ``[v6]:port``, a bare IPv6 address or a URL into
+    ``(host, port)``.
 
     IPv6 hosts come back without brackets. Raises ``ConfigError`` for an empty host or
     a port that is not a number in 1-65535.
@@ -92,6 +103,8 @@ def split_host_port(value: str, default_port: int | None = None) -> tuple[str, i
     text = value.strip()
     if not text:
         raise ConfigError("empty host")
+    if "://" not in text and "[" not in text and text.count(":") > 1:
+        text = f"[{text}]"  # a bare IPv6 address, e.g. ``::1``
     parts = urlsplit(text if "://" in text else f"//{text}")
     try:
         host, port = parts.hostname, parts.port
@@ -130,3 +143,65 @@ def base_url(
     if ":" in host:
         host = f"[{host}]"
     return f"{scheme}://{host}:{port}"
+
+
+def server_root(url: str) -> str:
+    """``scheme://host:port[/prefix]`` of an OpenAI-compatible server given with or without
+    ``/v1``.
+
+    ``host:port`` gets ``http://``; a wildcard host (``0.0.0.0``) becomes ``127.0.0.1``.
+
+    >>> server_root("http://127.0.0.1:8000/v1/")
+    'http://127.0.0.1:8000'
+    >>> server_root("0.0.0.0:8000")
+    'http://127.0.0.1:8000'
+    """
+    text = url.strip()
+    parts = urlsplit(text if "://" in text else f"http://{text}")
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError as exc:
+        raise ConfigError(f"invalid port in server URL {url!r}: {exc}") from None
+    if parts.scheme not in ("http", "https") or not host:
+        raise ConfigError(f"not an http(s) server URL: {url!r}; pass e.g. http://127.0.0.1:8000")
+    if is_wildcard(host):
+        host = "127.0.0.1"
+    netloc = f"[{host}]" if ":" in host else host
+    if port is not None:
+        netloc = f"{netloc}:{port}"
+    path = parts.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[: -len("/v1")]
+    return f"{parts.scheme}://{netloc}{path}"
+
+
+def openai_url(url: str) -> str:
+    """``server_root(url) + "/v1"``: the base URL OpenAI clients and NeMo Gym's
+    ``vllm_model`` take.
+
+    >>> openai_url("127.0.0.1:8000")
+    'http://127.0.0.1:8000/v1'
+    """
+    return f"{server_root(url)}/v1"
+
+
+def _endpoint(url: str) -> tuple[str, int | None] | None:
+    try:
+        host, port = split_host_port(url)
+    except ConfigError:
+        return None
+    host = host.lower()
+    if is_loopback(host) or is_wildcard(host):
+        host = "127.0.0.1"
+    return host, port
+
+
+def same_endpoint(a: str, b: str) -> bool:
+    """Whether URLs ``a`` and ``b`` reach the same host and port; ``localhost``,
+    ``127.0.0.1`` and ``0.0.0.0`` count as one host. A URL without a host matches nothing.
+
+    >>> same_endpoint("http://localhost:8000/v1", "0.0.0.0:8000")
+    True
+    """
+    left = _endpoint(a)
+    return left is not None and left == _endpoint(b)

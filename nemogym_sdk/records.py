@@ -373,15 +373,22 @@ class Batch:
 
     @property
     def loss_mask(self) -> npt.NDArray[np.int8]:
-        """``[B, T]`` ``completion_mask * env_mask``: the tokens a policy loss may touch."""
-        return self.completion_mask * self.env_mask
+        """``[B, T]`` ``completion_mask * env_mask * ok``: the tokens a policy loss may touch.
+
+        1 on the policy tokens of ``OK`` rows only: every row that is not ``OK`` (a failure,
+        ``DRIFT``, ``MASKED``) is all 0, so a loop that trains on ``loss_mask`` never trains
+        on it, even without reading ``ok``. (``env_mask`` keeps the tokens' roles for every
+        row.)
+        """
+        ok_B1 = self.ok[:, None].astype(np.int8)
+        return self.completion_mask * self.env_mask * ok_B1
 
     def to_torch(self, device: str | torch.device | None = None) -> dict[str, torch.Tensor]:
         """The numeric arrays as torch tensors on ``device`` (torch is imported here, lazily).
 
         Keys: ``prompt_ids, prompt_mask, completion_ids, completion_mask, env_mask, loss_mask``
-        (int64), ``logprobs, rewards`` (float32), ``ok, truncated`` (bool), ``num_turns,
-        episode_index`` (int64).
+        (int64; ``loss_mask`` is 0 on every row that is not OK, see ``loss_mask``), ``logprobs,
+        rewards`` (float32), ``ok, truncated`` (bool), ``num_turns, episode_index`` (int64).
         """
         try:
             import torch

@@ -9,7 +9,6 @@ fix it.
 from __future__ import annotations
 
 import argparse
-import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -19,12 +18,15 @@ from typing import Any
 import attrs
 import yaml
 
+from nemogym_sdk.devices import parse_device, torch_device
 from nemogym_sdk.errors import ConfigError
+from nemogym_sdk.grpo import LossType
 
 __all__ = ["BACKENDS", "LOSSES", "TrainConfig", "parse_config", "resolve_device"]
 
 BACKENDS = ("transformers", "vllm")
-LOSSES = ("grpo", "dapo", "dr_grpo", "gspo")
+LOSSES = tuple(str(loss) for loss in LossType)
+"""The policy losses (``nemogym_sdk.grpo.LossType``)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -80,8 +82,7 @@ class TrainConfig:
     def __attrs_post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
-            raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        parse_device(self.device)
         if self.loss not in LOSSES:
             raise ConfigError(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
         positive = ("steps", "rows_per_step", "num_generations", "lora_rank", "micro_batch_size")
@@ -171,11 +172,4 @@ def resolve_device(config: TrainConfig, local_rank: int = 0, world: int = 1) -> 
     ``cuda:LOCAL_RANK`` (modulo the GPUs visible). Raises ``ConfigError`` when CUDA is asked
     for and torch has none (saying what to install) or the index is not visible.
     """
-    import torch
-
-    from nemogym_sdk.serve.backend import resolve_device as torch_device
-
-    device = torch_device(config.device)
-    if device.type == "cuda" and device.index is None and world > 1:
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
-    return str(device)
+    return str(torch_device(config.device, local_rank=local_rank, world=world))

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import attrs
 import numpy as np
 import numpy.typing as npt
 
@@ -50,6 +51,8 @@ def parse_agent_response(
     on_drift: DriftPolicy | str = DriftPolicy.MARK,
     max_completion_length: int | None = None,
     decode: Decode | None = None,
+    row_id: str | None = None,
+    repeat_index: int | None = None,
 ) -> Rollout:
     """Build a ``Rollout`` from one agent ``/run`` result.
 
@@ -60,6 +63,10 @@ def parse_agent_response(
         max_completion_length: cut the completion (ids, mask and logprobs together) to
             this many tokens and set ``truncated``.
         decode: optional ``ids -> text`` used to add readable text to drift reports.
+        row_id: the stable id of the dataset row this episode played, stamped on the
+            rollout and on every fork (failures included), so that ``compute_advantages``
+            can group a hand-parsed result; ``AgentClient`` stamps it itself.
+        repeat_index: the episode's index within its row's group, stamped the same way.
 
     Returns:
         A ``Rollout``. Failures keep the seed contract's defaults (prompt and completion
@@ -70,11 +77,33 @@ def parse_agent_response(
         ConfigError: for invalid arguments (not for invalid responses).
     """
     policy = _check_arguments(eos_token_id, on_drift, max_completion_length)
+    _check_identity(row_id, repeat_index)
     result = decode_run_result(response)
-    failure = _failure(result, eos_token_id)
-    if failure is not None:
-        return failure
-    return _stitch(result, eos_token_id, policy, max_completion_length, decode)
+    rollout = _failure(result, eos_token_id)
+    if rollout is None:
+        rollout = _stitch(result, eos_token_id, policy, max_completion_length, decode)
+    if row_id is None and repeat_index is None:
+        return rollout
+    repeat = None if repeat_index is None else int(repeat_index)
+    return stamp(rollout, row_id=row_id, repeat_index=repeat)
+
+
+def stamp(rollout: Rollout, **identity: Any) -> Rollout:
+    """``rollout`` and its forks with the identity fields (``row_id``, ``repeat_index``,
+    ``agent_name``) set; a field passed as None is set to None."""
+    forks = tuple(attrs.evolve(fork, **identity) for fork in rollout.forks)
+    return attrs.evolve(rollout, forks=forks, **identity)
+
+
+def _check_identity(row_id: str | None, repeat_index: int | None) -> None:
+    if row_id is not None and not isinstance(row_id, str):
+        raise ConfigError(f"row_id must be a str, got {row_id!r}")
+    if repeat_index is not None and (
+        isinstance(repeat_index, bool)
+        or not isinstance(repeat_index, (int, np.integer))
+        or repeat_index < 0
+    ):
+        raise ConfigError(f"repeat_index must be an int >= 0, got {repeat_index!r}")
 
 
 def _check_arguments(

@@ -1,17 +1,31 @@
 """Scoring completions on NeMo Gym resources servers: ``/seed_session`` then ``/verify``.
 
-``Verifier`` sends, per completion and concurrently: ``POST /seed_session`` with the
-row (environments that keep state key it by the session cookie this sets), then
-``POST /verify`` with the row, its ``responses_create_params`` untouched (tools, system
-prompt, metadata), and a well-formed Responses-API ``response`` built from the
-completion, carrying the session cookie. Each completion has its own cookie jar. It
-sends through the same retry/deadline/status path as ``AgentClient``.
+``Verifier`` is the one ``/verify`` scorer of the SDK; every reward function that scores
+through ``/verify`` (``reward_nemo_gym_verify`` here, the TRL adapter's
+``TRLVerifyReward``, the axolotl adapter's ``AxolotlVerifyReward``) calls
+``Verifier.score``, which returns a typed ``VerifyResult`` per completion. What a failed
+verification becomes is each caller's choice, stated in its docs: 0.0 here (the seed's
+contract, counted and logged), ``None`` in TRL (unscorable), the group's completed mean
+in axolotl's deferred scoring.
 
-``reward_nemo_gym_verify`` is the fixed-name reward function with the seed's behaviour
-(an unknown server or a failed call scores 0.0); it reuses one ``Verifier`` per
-deployment, and logs and counts (``verify_stats``) every completion it scores 0.0
-because it could not score it. Use ``Verifier`` directly to tell failures from real
-zeros.
+Which resources server scores a row (``resources_server_for``), in this one order:
+
+1. the row's own ``resources_server_ref.name``;
+2. the caller's default (``resources_server=``), for rows that name none;
+3. the resources server the row's agent is configured with (``agent_ref.name``, else
+   the deployment's only agent);
+4. the only resources server deployed.
+
+A row none of these resolves, or that names a server the deployment lacks, is a
+``DiscoveryError`` from ``resources_server_for`` and an ``INVALID`` result from
+``score``.
+
+Per completion, concurrently, ``Verifier`` sends ``POST /seed_session`` with the row
+(environments that keep state key it by the session cookie this sets), then ``POST
+/verify`` with the row, its ``responses_create_params`` untouched (tools, system prompt,
+metadata), and a well-formed Responses-API ``response`` built from the completion,
+carrying the session cookie. Each completion has its own cookie jar. It sends through
+the same retry/deadline/status path as ``AgentClient``.
 """
 
 from __future__ import annotations
@@ -30,22 +44,26 @@ import attrs
 
 from nemogym_sdk._session import STATUS_OF, SessionOwner
 from nemogym_sdk.directory import DEFAULT_HEAD, ServerDirectory
-from nemogym_sdk.errors import DiscoveryError, NemoGymError
+from nemogym_sdk.errors import ConfigError, DiscoveryError, NemoGymError
 from nemogym_sdk.hosts import base_url
 from nemogym_sdk.policy import RetryPolicy, Timeouts
 from nemogym_sdk.records import RolloutStatus
 from nemogym_sdk.wire import (
-    NAME,
+    RESOURCES,
+    RESOURCES_SERVER_REF,
     SEED_SESSION_ROUTE,
     VERIFY_ROUTE,
+    agent_name,
     build_response,
     build_verify_body,
     decode_verify_result,
+    resources_server_name,
     row_tools,
 )
 
 __all__ = [
     "Verifier",
+    "resources_server_for",
     "VerifyItem",
     "VerifyResult",
     "VerifyStats",
@@ -103,6 +121,38 @@ def _verdict(body: bytes) -> VerifyResult:
     )
 
 
+def resources_server_for(
+    row: Mapping[str, Any], directory: ServerDirectory, *, default: str | None = None
+) -> str:
+    """The resources server instance that scores ``row`` (the order in the module docstring).
+
+    Raises:
+        DiscoveryError: no rule names a server, or the one named is not deployed.
+    """
+    deployed = directory.resources_servers
+    name = resources_server_name(row) or default
+    how = "the row's resources_server_ref" if resources_server_name(row) else "the default"
+    if name is None:
+        agent = agent_name(row) or directory.default_agent
+        name = directory.resources_server_of(agent) if agent is not None else None
+        how = f"agent {agent!r}'s config"
+    if name is None and len(deployed) == 1:
+        name, how = next(iter(deployed)), "the only resources server"
+    if name is None:
+        raise DiscoveryError(
+            f"cannot tell which resources server scores the row (no {RESOURCES_SERVER_REF}, no "
+            f"default, no agent whose config names one); deployed: "
+            f"{', '.join(deployed) or '(none)'}. Name it in the row's {RESOURCES_SERVER_REF} "
+            "or pass a default resources server"
+        )
+    if name not in deployed:
+        raise DiscoveryError(
+            f"no resources server named {name!r} (from {how}); deployed: "
+            f"{', '.join(deployed) or '(none)'}"
+        )
+    return name
+
+
 class Verifier(SessionOwner):
     """Concurrent, retried ``/seed_session`` + ``/verify`` calls.
 
@@ -137,11 +187,7 @@ class Verifier(SessionOwner):
             max_per_host=max_per_host,
             seed=seed,
         )
-        self.directory = (
-            servers
-            if isinstance(servers, ServerDirectory)
-            else ServerDirectory.from_urls(resources_servers=servers)
-        )
+        self.directory = ServerDirectory.of(servers, RESOURCES)
         self.model_name = model_name
         self.seed_session = seed_session
 
@@ -187,6 +233,36 @@ class Verifier(SessionOwner):
     def verify_sync(self, items: Sequence[VerifyItem]) -> list[VerifyResult]:
         """``verify`` for synchronous callers, on the verifier's own loop thread."""
         return self._run_sync(self.verify(list(items)))
+
+    def score(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        completions: Sequence[str | Sequence[Mapping[str, Any]]],
+        *,
+        resources_server: str | None = None,
+    ) -> list[VerifyResult]:
+        """Score ``completions[i]`` on the resources server of ``rows[i]``; synchronous.
+
+        The server of each row is chosen by ``resources_server_for`` (``resources_server``
+        is the default for rows that name none); a row it cannot resolve gets an
+        ``INVALID`` result saying why, and every other failure is a typed result too.
+        Results are in input order.
+        """
+        if len(rows) != len(completions):
+            raise ConfigError(f"{len(rows)} rows for {len(completions)} completions")
+        results: list[VerifyResult | None] = [None] * len(rows)
+        items, positions = [], []
+        for position, (row, completion) in enumerate(zip(rows, completions, strict=True)):
+            try:
+                server = resources_server_for(row, self.directory, default=resources_server)
+            except DiscoveryError as exc:
+                results[position] = VerifyResult(status=RolloutStatus.INVALID, error=str(exc))
+                continue
+            items.append(VerifyItem(resources_server=server, row=row, completion=completion))
+            positions.append(position)
+        for position, result in zip(positions, self.verify_sync(items), strict=True):
+            results[position] = result
+        return [result for result in results if result is not None]
 
 
 @attrs.define
@@ -309,7 +385,9 @@ def reward_nemo_gym_verify(
     """Score each completion on its row's resources server (``/seed_session`` + ``/verify``).
 
     Keyword arguments (TRL passes dataset columns as per-row lists):
-        resources_server_ref: per completion, ``{"name": <resources server instance>}``.
+        resources_server_ref: per completion, ``{"name": <resources server instance>}``;
+            a completion without one is scored by the server ``Verifier.score`` chooses
+            (the module docstring's order).
         verify_extra: per completion, the dataset row (``responses_create_params`` + task
             fields); ``{}`` when absent.
         servers: resources server name -> URL; or ``directory``: a ``ServerDirectory``; or
@@ -336,12 +414,13 @@ def reward_nemo_gym_verify(
         )
         _report(verify_stats.record(results), len(results))
         return [0.0] * len(completions)
-    items = []
-    for completion, ref, extra in zip(completions, refs, extras, strict=True):
-        name = ref.get(NAME) if isinstance(ref, Mapping) else None
+    rows = []
+    for ref, extra in zip(refs, extras, strict=True):
         row = {k: v for k, v in (extra or {}).items() if v is not None}
-        items.append(VerifyItem(resources_server=str(name), row=row, completion=completion or ""))
-    results = verifier.verify_sync(items)
+        if isinstance(ref, Mapping) and ref:
+            row[RESOURCES_SERVER_REF] = dict(ref)
+        rows.append(row)
+    results = verifier.score(rows, [completion or "" for completion in completions])
     if key[0] == "head" and any(r.status is RolloutStatus.TRANSPORT_ERROR for r in results):
         _forget(key, verifier)
     _report(verify_stats.record(results), len(results))

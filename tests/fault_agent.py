@@ -4,7 +4,7 @@
 answering each row with a valid ``/run`` result (1-3 model turns whose tokens are derived
 from the row's ``task_id``, so a test can tell which row a result belongs to:
 ``expected_rollout(task_id)``), except where ``plan`` says otherwise. A plan maps a row's
-``task_id`` to a ``Script``: the fault of each attempt at that row (``attempt`` counts
+``task_id`` to a ``FaultScript``: the fault of each attempt at that row (``attempt`` counts
 every request for that ``task_id``, 1-based), e.g. ``burst(Fault.HTTP_503, 2)`` fails the
 first two attempts and then succeeds, and ``always(Fault.RESET)`` never answers.
 ``fault_resources_server(seed_plan, verify_plan)`` does the same for ``/seed_session`` and
@@ -34,8 +34,8 @@ from nemogym_sdk.testing.fake_agent import (
     RETRYABLE,
     AttemptRecord,
     Fault,
+    FaultScript,
     InFlight,
-    Script,
     act,
     always,
     burst,
@@ -54,7 +54,7 @@ __all__ = [
     "Fault",
     "FaultAgent",
     "InFlight",
-    "Script",
+    "FaultScript",
     "always",
     "burst",
     "expected_reward",
@@ -186,7 +186,7 @@ def fault_row(index: int, agent: str | None = None) -> dict[str, Any]:
 
 @contextmanager
 def fault_agent(
-    plan: Mapping[str, Script] | None = None,
+    plan: Mapping[str, FaultScript] | None = None,
     *,
     retry_after: float = 0.0,
     slow_s: float = 0.05,
@@ -196,7 +196,7 @@ def fault_agent(
     """Run a fault-injecting agent on 127.0.0.1; rows not in ``plan`` always succeed.
 
     Args:
-        plan: ``task_id`` -> ``Script``.
+        plan: ``task_id`` -> ``FaultScript``.
         retry_after: seconds sent in ``Retry-After`` with each 429.
         slow_s: delay of a ``SLOW`` answer.
         stall_s: the longest a ``STALL`` holds a request the client keeps open.
@@ -216,8 +216,8 @@ def fault_agent(
 
 @contextmanager
 def fault_resources_server(
-    seed_plan: Mapping[str, Script] | None = None,
-    verify_plan: Mapping[str, Script] | None = None,
+    seed_plan: Mapping[str, FaultScript] | None = None,
+    verify_plan: Mapping[str, FaultScript] | None = None,
     *,
     retry_after: float = 0.0,
 ) -> Iterator[FaultAgent]:

@@ -210,20 +210,25 @@ def test_retry_after_accepts_seconds_and_http_dates(
 
 
 def test_parse_options_travel_as_one_record() -> None:
-    """``parse_options`` gives the same rollouts as the loose keywords it replaces, on every
-    path (run_sync, to_rollout); passing both is a ConfigError before anything is sent."""
+    """``parse=ParseOptions(...)`` reaches the parser on every path (``run_sync`` and
+    ``RawRun.rollout``), and a parsed exchange is tagged like ``run_sync``'s rollouts."""
     options = ParseOptions(max_completion_length=1)
     with agent_server() as agent, AgentClient({"a": agent.url}) as client:
-        by_record = client.run_sync([_row(0)], eos_token_id=2, parse_options=options)
-        by_keyword = client.run_sync([_row(0)], eos_token_id=2, max_completion_length=1)
+        (rollout,) = client.run_sync([_row(0)], eos_token_id=2, parse=options)
+        (untruncated,) = client.run_sync([_row(0)], eos_token_id=2)
         (raw,) = client.run_raw_sync([_row(0)])
-        with pytest.raises(ConfigError, match="not both"):
-            client.run_sync(
-                [_row(0)], eos_token_id=2, parse_options=options, max_completion_length=4
-            )
-        sent = len(agent.bodies)
-    (rollout,) = by_record
     assert rollout.truncated and len(rollout.completion_ids) == 1
-    assert rollout == by_keyword[0]
-    assert AgentClient.to_rollout(raw, 2, parse_options=options) == rollout
-    assert sent == 3
+    assert not untruncated.truncated and len(untruncated.completion_ids) > 1
+    assert raw.rollout(2, options) == rollout
+    assert (rollout.row_id, rollout.repeat_index, rollout.agent_name) == ("rows.jsonl:0", 0, "a")
+
+
+def test_agent_client_public_methods() -> None:
+    """Play and parse is one method per calling style; the raw exchanges stay available
+    for users who parse ``/run`` bodies themselves; nothing else is public."""
+    public = {
+        name
+        for name in dir(AgentClient)
+        if not name.startswith("_") and callable(getattr(AgentClient, name))
+    }
+    assert public == {"aclose", "close", "run", "run_raw", "run_raw_sync", "run_sync", "stream"}

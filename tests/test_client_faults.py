@@ -39,8 +39,8 @@ from tests.fault_agent import (
     TASK_KEY,
     Fault,
     FaultAgent,
+    FaultScript,
     InFlight,
-    Script,
     always,
     burst,
     expected_reward,
@@ -53,7 +53,7 @@ from tests.fault_agent import (
 EOS = 2
 FAST_RETRY = RetryPolicy(max_attempts=4, base_delay=0.001, max_delay=0.01)
 
-TRANSIENT: tuple[Script, ...] = (
+TRANSIENT: tuple[FaultScript, ...] = (
     burst(Fault.HTTP_500, 1),
     burst(Fault.HTTP_500, 2),
     burst(Fault.HTTP_503, 3),
@@ -62,11 +62,11 @@ TRANSIENT: tuple[Script, ...] = (
     burst(Fault.RESET_MID_BODY, 2),
     burst(Fault.TRUNCATED, 1),
     burst(Fault.GARBAGE, 1),
-    Script(faults=(Fault.HTTP_503, Fault.RESET, Fault.TRUNCATED)),
+    FaultScript(faults=(Fault.HTTP_503, Fault.RESET, Fault.TRUNCATED)),
 )
 """Scripts that fail at most ``max_attempts - 1`` times in all: always retried to success."""
 
-PERMANENT: tuple[Script, ...] = (
+PERMANENT: tuple[FaultScript, ...] = (
     always(Fault.HTTP_500),
     always(Fault.HTTP_503),
     always(Fault.HTTP_429),
@@ -92,9 +92,9 @@ def _task(rollout: Rollout) -> str:
     return "t" + rollout.row_id.rsplit(":", 1)[1]
 
 
-def _mixed_plan(n: int, rng: random.Random) -> dict[str, Script]:
+def _mixed_plan(n: int, rng: random.Random) -> dict[str, FaultScript]:
     """About 20 % faulty rows (two thirds transient), 0.5 % stalls, 5 % slow-but-OK rows."""
-    plan: dict[str, Script] = {}
+    plan: dict[str, FaultScript] = {}
     for i in range(n):
         draw = rng.random()
         if draw < 0.13:
@@ -108,7 +108,7 @@ def _mixed_plan(n: int, rng: random.Random) -> dict[str, Script]:
     return plan
 
 
-def _expect(script: Script, generations: int, retry: RetryPolicy) -> tuple[RolloutStatus, int]:
+def _expect(script: FaultScript, generations: int, retry: RetryPolicy) -> tuple[RolloutStatus, int]:
     """The status a row's rollouts must end with, and the attempts the server must see.
 
     A transient script's ``k`` failures are shared by the row's repeats, each of which
@@ -183,7 +183,7 @@ async def test_two_thousand_rollouts_with_twenty_percent_faults_lose_nothing() -
     statuses: Counter[RolloutStatus] = Counter()
     for rollout in rollouts:
         task = _task(rollout)
-        script = plan.get(task, Script())
+        script = plan.get(task, FaultScript())
         status, attempts = _expect(script, generations, FAST_RETRY)
         statuses[status] += 1
         assert rollout.status is status, (task, script, rollout.error)
@@ -221,7 +221,7 @@ def test_raw_runs_tag_the_body_they_got_and_count_attempts() -> None:
     assert [raw.index for raw in raws] == list(range(300))
     for raw in raws:
         task = raw.request.row.data[TASK_KEY]
-        status, attempts = _expect(plan.get(task, Script()), 1, FAST_RETRY)
+        status, attempts = _expect(plan.get(task, FaultScript()), 1, FAST_RETRY)
         assert 1 <= raw.attempts <= FAST_RETRY.max_attempts
         assert raw.attempts == attempts == agent.attempts(task)
         if status is RolloutStatus.INVALID:  # a 200 that is not JSON: the parser's call
@@ -600,7 +600,7 @@ async def test_closing_stream_cancels_its_requests_before_aclose_returns() -> No
 
 def test_fault_script_applies_faults_in_attempt_order() -> None:
     """The harness itself: a script's faults apply in attempt order, then its steady state."""
-    script = Script(faults=(Fault.HTTP_503, Fault.RESET), then=Fault.HTTP_422)
+    script = FaultScript(faults=(Fault.HTTP_503, Fault.RESET), then=Fault.HTTP_422)
     assert [script.fault(n) for n in range(1, 5)] == [
         Fault.HTTP_503,
         Fault.RESET,
@@ -638,7 +638,7 @@ def test_retry_timeouts_retries_a_stalled_run_to_success() -> None:
         (raw,) = client.run_raw_sync(_rows(1))
     assert raw.status is RolloutStatus.OK and raw.attempts == 2
     assert agent.attempts("t0") == 2
-    _assert_matches_row(AgentClient.to_rollout(raw, EOS))
+    _assert_matches_row(raw.rollout(EOS))
 
 
 def test_retried_stalls_still_end_as_timeout_after_max_attempts() -> None:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from nemogym_sdk import ConfigError, RowError, expand_groups, load_rows
+from nemogym_sdk import ConfigError, expand_groups, load_rows
+from nemogym_sdk.errors import RowError
 
 ROW = {"responses_create_params": {"input": "hi"}, "agent_ref": {"name": "agent_a"}}
 

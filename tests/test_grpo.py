@@ -6,16 +6,22 @@ values are exact; ``values`` is float32, hence ``rel=1e-6``.
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import attrs
 import numpy as np
 import pytest
 
-from nemogym_sdk import Batch, ConfigError, DataError, Rollout, RolloutStatus, collate
+from nemogym_sdk import Batch, ConfigError, DataError, Rollout, RolloutStats, RolloutStatus, collate
 from nemogym_sdk.grpo import (
     Aggregation,
+    LossType,
+    PolicyLoss,
     Scaling,
     compute_advantages,
     group_advantages,
@@ -208,10 +214,8 @@ def test_all_failed_batch_gives_zeros_and_full_stats() -> None:
     assert np.isnan(adv.rewards).all()
     stats = adv.stats
     assert (stats.num_rows, stats.num_episodes, stats.num_groups) == (3, 3, 2)
-    assert stats.status_counts == {"agent_error": 1, "timeout": 2}
+    assert stats.ok_episodes == 0
     assert (stats.degenerate_groups, stats.zero_spread_groups) == (2, 0)
-    assert math.isnan(stats.reward_mean) and math.isnan(stats.reward_std)
-    assert stats.as_metrics()["rollouts/ok"] == 0.0
 
 
 def test_group_advantages_array_level() -> None:
@@ -245,9 +249,8 @@ def test_fork_rows_share_their_episodes_advantage() -> None:
     adv = compute_advantages(batch, epsilon=0.0)
     hi, lo = 2 / SQRT3, -1 / SQRT3
     assert adv.values.tolist() == pytest.approx([hi, hi, 0.0, lo, lo], rel=1e-6)
-    assert (adv.stats.num_rows, adv.stats.num_episodes) == (5, 3)
-    assert adv.stats.status_counts == {"ok": 3}
-    assert adv.stats.reward_mean == pytest.approx(1 / 3)
+    assert (adv.stats.num_rows, adv.stats.num_episodes, adv.stats.ok_episodes) == (5, 3, 3)
+    assert RolloutStats.of(batch, adv).reward_mean == pytest.approx(1 / 3)  # per episode
     assert adv.rewards.tolist()[:2] == [1.0, 1.0] and math.isnan(adv.rewards[2])
 
 
@@ -366,28 +369,26 @@ def test_stats_and_metrics() -> None:
 
     OK rewards [1, 0, 1, 2, 2, 5]: mean 11/6; population variance
     (1 + 0 + 1 + 4 + 4 + 25)/6 - (11/6)^2 = 35/6 - 121/36 = 89/36 -> std sqrt(89)/6.
+    The group counts are the advantage computation's; the step metrics built from them and
+    the batch are ``RolloutStats``'s (one place for the names every trainer logs).
     """
     batch = _batch(*_group("a", 1, 0, None, 1), *_group("b", 2, 2), *_group("c", 5))
-    stats = compute_advantages(batch).stats
+    advantages = compute_advantages(batch)
+    stats = advantages.stats
     assert (stats.num_rows, stats.num_episodes, stats.num_groups) == (7, 7, 3)
-    assert stats.status_counts == {"ok": 6, "timeout": 1}
     assert (stats.degenerate_groups, stats.zero_spread_groups) == (1, 1)
     assert stats.ok_episodes == 6 and stats.informative_groups == 1
-    assert stats.reward_mean == pytest.approx(11 / 6)
-    assert stats.reward_std == pytest.approx(math.sqrt(89) / 6)
 
-    metrics = stats.as_metrics("train/")
-    assert metrics["train/rollouts/ok"] == 6.0
-    assert metrics["train/rollouts/timeout"] == 1.0
-    assert metrics["train/rollouts/drift"] == 0.0  # every status has a key, every step
-    assert metrics["train/groups/zero_spread"] == 1.0
-    assert metrics["train/groups/degenerate"] == 1.0
-    assert metrics["train/groups/informative"] == 1.0
-    assert metrics["train/reward/mean"] == pytest.approx(11 / 6)
-    assert metrics["train/rollouts/ok_fraction"] == pytest.approx(6 / 7)
-    assert set(stats.as_metrics()) == {key.removeprefix("train/") for key in metrics}
-    assert {f"rollouts/{s.value}" for s in RolloutStatus} <= set(stats.as_metrics())
-    assert all(isinstance(v, float) for v in metrics.values())
+    metrics = RolloutStats.of(batch, advantages).as_metrics()
+    assert (metrics["ok"], metrics["failures"]) == (6, {"timeout": 1})
+    assert metrics["reward_mean"] == pytest.approx(11 / 6)
+    assert metrics["reward_std"] == pytest.approx(math.sqrt(89) / 6)
+    assert metrics["ok_fraction"] == pytest.approx(6 / 7)
+    assert (metrics["groups"], metrics["degenerate_groups"], metrics["zero_spread_groups"]) == (
+        3,
+        1,
+        1,
+    )
 
 
 def test_results_are_read_only_and_the_batch_is_untouched() -> None:
@@ -415,7 +416,9 @@ def test_rows_without_row_id_are_a_config_error() -> None:
     """Groups need stable row ids; the message says who sets them."""
     batch = _batch(_rollout("a", 1.0), _rollout(None, 0.0))
     with pytest.raises(
-        ConfigError, match=r"1 of 2 batch rows have no row_id \(rows 1\).*AgentClient"
+        ConfigError,
+        match=r"1 of 2 batch rows have no row_id \(rows 1\).*AgentClient.*"
+        r"parse_agent_response\(response, eos_token_id, row_id=\.\.\., repeat_index=\.\.\.\)",
     ):
         compute_advantages(batch)
 
@@ -486,3 +489,60 @@ def test_group_advantages_rejects_mismatched_lengths() -> None:
         group_advantages([[1.0, 0.0]], ["a"], [True])
     with pytest.raises(ConfigError, match="scale must be one of"):
         group_advantages([1.0, 0.0], ["a", "a"], [True, True], scale="max")
+
+
+# --- the documented path from a hand-parsed result -----------------------------------------
+
+
+def _run_result(reward: float, generation: list[int]) -> dict[str, Any]:
+    """A one-turn ``/run`` result: prompt [5 6], the generation, its reward."""
+    item = {
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": "x"}],
+        "prompt_token_ids": [5, 6],
+        "generation_token_ids": generation,
+        "generation_log_probs": [-0.5] * len(generation),
+    }
+    return {"response": {"output": [item]}, "reward": reward}
+
+
+def test_docs_hand_parsed_path_to_advantages() -> None:
+    """docs/training.md's block "From a hand-parsed result to advantages", run as written.
+
+    Row a plays [1, 0, agent error] (raw JSON bytes for one of them), row b [2, 4]:
+    a's OK rewards [1, 0] -> ±.707, its failure 0; b [2, 4] -> ∓.707.
+    """
+    page = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
+    section = page.split("### From a hand-parsed result to advantages", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    results = [
+        ("data.jsonl:1", 0, _run_result(1.0, [7, 8])),
+        ("data.jsonl:1", 1, json.dumps(_run_result(0.0, [9])).encode()),
+        ("data.jsonl:1", 2, {"error": "the agent crashed"}),
+        ("data.jsonl:2", 0, _run_result(2.0, [7])),
+        ("data.jsonl:2", 1, _run_result(4.0, [8])),
+    ]
+    namespace: dict[str, Any] = {"results": results, "eos_token_id": 2, "pad_token_id": 0}
+    exec(compile(code, "docs/training.md", "exec"), namespace)
+    advantages = namespace["advantages"]
+    half = 0.5**0.5
+    assert advantages.values.tolist() == pytest.approx([half, -half, 0, -half, half], rel=1e-5)
+    assert namespace["batch"].row_ids == ("data.jsonl:1",) * 3 + ("data.jsonl:2",) * 2
+    assert (advantages.stats.num_episodes, advantages.stats.ok_episodes) == (5, 4)
+
+
+def test_loss_vocabulary_is_one_torch_free_enum() -> None:
+    """``LossType`` and ``PolicyLoss`` load without torch; plain strings become members and an
+    unknown name is a ConfigError listing the four."""
+    code = (
+        "import sys; from nemogym_sdk.grpo import ImportanceSampling, LossType, PolicyLoss; "
+        "loss = PolicyLoss(loss_type='gspo', importance_sampling='mask'); "
+        "print(loss.loss_type is LossType.GSPO, loss.importance_sampling is "
+        "ImportanceSampling.MASK, 'torch' in sys.modules, ','.join(LossType))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True", "False", "grpo,dapo,dr_grpo,gspo"]
+    with pytest.raises(ConfigError, match=r"loss_type must be one of 'grpo', 'dapo'.*got 'ppo'"):
+        PolicyLoss(loss_type="ppo")
+    assert PolicyLoss(loss_type=LossType.DR_GRPO).loss_type == "dr_grpo"

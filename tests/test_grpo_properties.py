@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from nemogym_sdk import Rollout, RolloutStatus, collate
@@ -29,6 +29,8 @@ from nemogym_sdk.testing import (
     reward_groups,
     scored_rollout,
 )
+
+from .thread_ranks import run_ranks
 
 pytestmark = pytest.mark.property
 
@@ -189,7 +191,8 @@ def test_batch_level_agrees_with_the_array_level(
     assert np.isnan(adv.rewards[~np.array(ok)]).all()
     stats = adv.stats
     assert stats.num_groups == len({r.row_id for r in rollouts}) == adv.group_index.max() + 1
-    assert sum(stats.status_counts.values()) == stats.num_episodes == len(rollouts)
+    assert stats.num_episodes == len(rollouts)
+    assert stats.ok_episodes == sum(ok)
     assert stats.degenerate_groups + stats.zero_spread_groups <= stats.num_groups
 
 
@@ -254,3 +257,23 @@ def test_gdpo_advantages_of_a_group_sum_to_zero(
             if not batch_norm:
                 assert abs(values[in_group].sum()) <= 1e-5 * scale * max(1, in_group.sum())
         assert abs(values.sum()) <= 1e-5 * scale * len(values)
+
+
+@given(rollouts=grouped_rollouts(), options=OPTIONS, draw=st.data())
+def test_sharded_batch_statistics_equal_the_whole_batch(
+    rollouts: list[Rollout], options: dict[str, Any], draw: st.DataObject
+) -> None:
+    """Whole groups split over two ranks (threads sharing a real ``gather``) give, bit for
+    bit, the advantages of one process on the two shards concatenated, whatever the scale
+    (``batch`` is the one that needs the hook)."""
+    names = sorted({str(r.row_id) for r in rollouts})
+    assume(len(names) >= 2)
+    cut = draw.draw(st.integers(1, len(names) - 1))
+    first = [r for r in rollouts if r.row_id in names[:cut]]
+    second = [r for r in rollouts if r.row_id in names[cut:]]
+    shards = [collate(first, pad_token_id=0), collate(second, pad_token_id=0)]
+    results = run_ranks(
+        [lambda g, s=s: compute_advantages(s, gather=g, **options).values for s in shards]
+    )
+    whole = compute_advantages(collate(first + second, pad_token_id=0), **options)
+    assert np.concatenate(results).tolist() == whole.values.tolist()

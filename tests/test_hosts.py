@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nemogym_sdk import ConfigError, base_url, normalize_host, routable_host, split_host_port
-from nemogym_sdk.hosts import is_loopback, is_wildcard
+from nemogym_sdk import ConfigError, base_url, normalize_host, routable_host
+from nemogym_sdk.hosts import is_loopback, is_wildcard, split_host_port
 
 
 @pytest.mark.parametrize(
@@ -81,3 +81,31 @@ def test_loopback_and_wildcard_predicates() -> None:
     assert is_loopback("127.3.4.5") and is_loopback("::1") and is_loopback("[::1]")
     assert not is_loopback("10.0.0.1") and not is_loopback("example.com")
     assert is_wildcard("0.0.0.0") and is_wildcard("::") and not is_wildcard("127.0.0.1")
+
+
+def test_openai_server_urls_are_canonical() -> None:
+    """``server_root`` strips ``/v1`` and a trailing slash, keeps a path prefix, adds the
+    scheme and names the wildcard host; ``openai_url`` puts ``/v1`` back."""
+    from nemogym_sdk.hosts import openai_url, server_root
+
+    assert server_root("0.0.0.0:8000/v1/") == "http://127.0.0.1:8000"
+    assert server_root("https://gw.example/vllm/v1") == "https://gw.example/vllm"
+    assert openai_url("http://127.0.0.1:8000") == "http://127.0.0.1:8000/v1"
+    assert openai_url("http://[::1]:8000/v1") == "http://[::1]:8000/v1"
+    with pytest.raises(ConfigError, match="not an http"):
+        server_root("ftp://host:1")
+
+
+def test_same_endpoint_treats_this_machine_as_one_host() -> None:
+    from nemogym_sdk.hosts import same_endpoint
+
+    assert same_endpoint("http://localhost:8000/v1", "0.0.0.0:8000")
+    assert same_endpoint("127.0.0.1:8000", "http://127.0.0.5:8000")
+    assert not same_endpoint("127.0.0.1:8000", "127.0.0.1:8001")
+    assert not same_endpoint("10.0.0.5:8000", "127.0.0.1:8000")
+    assert not same_endpoint("", "127.0.0.1:8000")
+
+
+def test_a_bare_ipv6_address_is_a_host() -> None:
+    assert split_host_port("::1") == ("::1", None)
+    assert base_url("fe80::1", default_port=9) == "http://[fe80::1]:9"

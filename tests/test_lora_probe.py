@@ -22,7 +22,8 @@ import pytest
 import requests
 
 from nemogym_sdk.errors import DeadlineError, ServerError, TransportError
-from nemogym_sdk.lora import LoraCapabilities, LoraSyncError, probe_lora_support, server_root
+from nemogym_sdk.hosts import server_root
+from nemogym_sdk.lora import LoraCapabilities, LoraSyncError, probe_lora_support
 from nemogym_sdk.lora.probe import server_message
 
 BASE = "base-model"

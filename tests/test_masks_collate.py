@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 
 from nemogym_sdk import (
-    CompletionBuilder,
     ConfigError,
     Rollout,
     RolloutStatus,
     collate,
     parse_agent_response,
 )
+from nemogym_sdk.masks import CompletionBuilder
 
 
 def test_builder_interleaves_segments() -> None:
@@ -92,6 +93,20 @@ def test_collate_keeps_failures_and_marks_them() -> None:
     assert batch.loss_mask[1].tolist() == [0, 0]
 
 
+def test_loss_mask_is_zero_on_every_row_that_is_not_ok() -> None:
+    """Rows [1 1] OK, [1 1] DRIFT and [1 0] MASKED keep their env masks, but only the OK row
+    has loss-mask tokens: a loop that trains on ``loss_mask`` alone never trains a failure.
+
+    env_mask   [[1 1] [1 1] [1 0]]     loss_mask [[1 1] [0 0] [0 0]]
+    """
+    drift = attrs.evolve(_rollout([1], [3, 4], [1, 1]), status=RolloutStatus.DRIFT)
+    masked = attrs.evolve(_rollout([1], [5, 6], [1, 0]), status=RolloutStatus.MASKED)
+    batch = collate([_rollout([1], [3, 4], [1, 1]), drift, masked], pad_token_id=0)
+    assert batch.env_mask.tolist() == [[1, 1], [1, 1], [1, 0]]
+    assert batch.loss_mask.tolist() == [[1, 1], [0, 0], [0, 0]]
+    assert batch.loss_mask.dtype == np.int8
+
+
 def test_collate_expands_forks_with_episode_index() -> None:
     """Forks become rows right after their rollout and share its episode index."""
     drifting = {
@@ -155,12 +170,15 @@ def test_collate_rejects_nothing_and_bad_padding() -> None:
 
 
 def test_to_torch_dtypes_and_values() -> None:
-    """to_torch gives int64 ids and masks, float32 logprobs and rewards, bool ok."""
+    """to_torch gives int64 ids and masks, float32 logprobs and rewards, bool ok; its
+    loss_mask is 0 on a row that is not OK (the MASKED row [3 4], mask [1 1])."""
     torch = pytest.importorskip("torch")
-    batch = collate([_rollout([5], [2, 2], [1, 0])], pad_token_id=2)
+    masked = attrs.evolve(_rollout([5], [3, 4], [1, 1]), status=RolloutStatus.MASKED)
+    batch = collate([_rollout([5], [2, 2], [1, 0]), masked], pad_token_id=2)
     tensors = batch.to_torch("cpu")
     assert tensors["completion_ids"].dtype == torch.int64
     assert tensors["logprobs"].dtype == torch.float32
     assert tensors["ok"].dtype == torch.bool
-    assert tensors["loss_mask"].tolist() == [[1, 0]]
-    assert tensors["rewards"].tolist() == [1.0]
+    assert tensors["loss_mask"].tolist() == [[1, 0], [0, 0]]
+    assert tensors["env_mask"].tolist() == [[1, 0], [1, 1]]
+    assert tensors["rewards"].tolist() == [1.0, 1.0]

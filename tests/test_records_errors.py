@@ -71,6 +71,7 @@ LEAVES = {
     errors.DeadlineError: TimeoutError,
     errors.NotReadyError: TimeoutError,
     errors.ServerError: errors.NemoGymError,
+    errors.LoraSyncError: errors.ServerError,
 }
 
 

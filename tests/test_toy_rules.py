@@ -104,7 +104,7 @@ def test_other_target_sets_shape_the_words_and_the_prompts() -> None:
 def test_an_episode_scores_each_round_and_ends_after_the_last() -> None:
     """Each step returns round_reward / num_rounds and the next observation; the last ends."""
     task = rules.Task.from_row({"seed": 5, "num_rounds": 3})
-    episode = rules.Episode(task=task)
+    episode = rules.GameState(task=task)
     replies = ["abc", "AB", ""]
     results = [episode.step(reply) for reply in replies]
     assert [r.observation for r in results] == [task.observation(2), task.observation(3), None]

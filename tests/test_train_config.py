@@ -34,8 +34,8 @@ def test_flags_alone_and_list_values() -> None:
         (["--steps", "ten"], "steps: expected int"),
         (["--model", "/nonexistent/model"], "neither 'tiny' nor a local Hugging Face"),
         (["--config", "/nonexistent.yaml"], "does not exist"),
-        (["--device", "gpu"], "device must be auto, cpu, cuda or cuda:N"),
-        (["--device", "cuda:x"], "device must be auto, cpu, cuda or cuda:N"),
+        (["--device", "gpu"], "device must be one of auto, cpu, cuda or cuda:N"),
+        (["--device", "cuda:x"], "device must be one of auto, cpu, cuda or cuda:N"),
     ],
 )
 def test_bad_settings_say_what_is_wrong(argv: list[str], message: str) -> None:

@@ -10,8 +10,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from nemogym_sdk.train import build_policy, load_checkpoint, open_metrics, save_checkpoint  # noqa: E402
+from nemogym_sdk.train import build_policy  # noqa: E402
 from nemogym_sdk.train_config import TrainConfig  # noqa: E402
+from nemogym_sdk.train_outputs import load_checkpoint, open_metrics, save_checkpoint  # noqa: E402
 
 
 def test_checkpoint_round_trip(tmp_path: Path) -> None:

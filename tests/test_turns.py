@@ -291,6 +291,9 @@ def test_arrays_are_read_only() -> None:
     [
         {"on_drift": "ignore"},
         {"max_completion_length": 0},
+        {"row_id": 7},
+        {"repeat_index": -1},
+        {"repeat_index": True},
     ],
 )
 def test_bad_arguments_raise_config_error(kwargs: dict[str, Any]) -> None:
@@ -303,3 +306,20 @@ def test_bad_eos_raises_config_error() -> None:
     """A non-integer eos id is a programming error."""
     with pytest.raises(ConfigError, match="eos_token_id"):
         parse_agent_response(THREE_TURNS, "2")  # type: ignore[arg-type]
+
+
+def test_row_id_and_repeat_index_are_stamped_on_every_sample() -> None:
+    """A hand-parsed result gets its identity from the call: the rollout, its fork (FORK
+    policy on DRIFTED) and a failure alike; without the keywords both stay None."""
+    forked = parse_agent_response(
+        DRIFTED, EOS, on_drift=DriftPolicy.FORK, row_id="data.jsonl:3", repeat_index=1
+    )
+    assert len(forked.samples()) == 2
+    assert {(s.row_id, s.repeat_index) for s in forked.samples()} == {("data.jsonl:3", 1)}
+    failed = parse_agent_response({"error": "boom"}, EOS, row_id="data.jsonl:3", repeat_index=2)
+    assert failed.status is RolloutStatus.AGENT_ERROR
+    assert (failed.row_id, failed.repeat_index) == ("data.jsonl:3", 2)
+    plain = parse_agent_response(THREE_TURNS, EOS)
+    assert (plain.row_id, plain.repeat_index) == (None, None)
+    repeat = parse_agent_response(THREE_TURNS, EOS, row_id="r", repeat_index=np.int64(4))
+    assert type(repeat.repeat_index) is int and repeat.repeat_index == 4

@@ -183,4 +183,6 @@ def test_collate_recovers_each_rollout_from_its_row(rollout_list: list[Rollout],
         assert np.all(batch.logprobs[b][~real] == 0.0)
         assert batch.statuses[b] == rollout.status.value
         assert batch.ok[b] == rollout.ok
-    assert np.array_equal(batch.loss_mask, batch.completion_mask * batch.env_mask)
+    assert np.array_equal(
+        batch.loss_mask, batch.completion_mask * batch.env_mask * batch.ok[:, None]
+    )

@@ -9,9 +9,14 @@ waits until they answer, and stops them by process group.
 
     model = PolicyModel(base_url="http://127.0.0.1:8000/v1", model="my-model")
     with GymStack(["example_single_tool_call", "wordle"], model, head_server=True) as stack:
-        stack.agent_urls      # {"wordle_gymnasium_agent": "http://127.0.0.1:...", ...}
-        stack.head_url        # "http://127.0.0.1:..."
-        stack.log_paths       # instance -> log file
+        stack.directory.agents            # {"wordle_gymnasium_agent": "http://127.0.0.1:...", ...}
+        stack.directory.head_url          # "http://127.0.0.1:..."
+        stack.environment("wordle").agent # "wordle_gymnasium_agent": where its rows go
+        stack.log_paths                   # instance -> log file
+
+Configs are resolved by NeMo Gym's own parser, run in its venv
+(:mod:`nemogym_sdk.gym.resolve`); the SDK adds the policy, judges, ports, per-server venvs
+and the pairing of agent-less environments with an agent.
 
 See ``docs/gym-environments.md`` for what each shipped environment does, and
 ``docs/writing-an-environment.md`` for writing one (``SDK_ENVIRONMENTS``, e.g.
@@ -21,6 +26,7 @@ See ``docs/gym-environments.md`` for what each shipped environment does, and
 from __future__ import annotations
 
 from nemogym_sdk.gym.backends import BackendProcess, start_serve
+from nemogym_sdk.gym.builder import HEAD_SERVER_NAME, Launch, StackBuilder
 from nemogym_sdk.gym.catalog import (
     CATALOGUE,
     SDK_ENVIRONMENTS,
@@ -29,6 +35,7 @@ from nemogym_sdk.gym.catalog import (
 )
 from nemogym_sdk.gym.config import build_stack_config, free_loopback_ports
 from nemogym_sdk.gym.errors import (
+    DatasetMissingError,
     GymVenvNotFoundError,
     RequirementsInstallError,
     ServerNotReadyError,
@@ -44,17 +51,18 @@ from nemogym_sdk.gym.locate import (
     find_gym_venv,
     locate_environment,
 )
-from nemogym_sdk.gym.requirements import (
+from nemogym_sdk.gym.process import ProcessGroup, ProcessSpec
+from nemogym_sdk.gym.requirements import ServerRequirements, read_server_requirements
+from nemogym_sdk.gym.resolve import ResolvedEnvironment, resolve_environments
+from nemogym_sdk.gym.server_envs import (
     REQUIREMENTS_CACHE_ENV_VAR,
     ServerEnvironment,
-    ServerRequirements,
     default_requirements_cache,
     find_uv,
     prepare_server_environment,
-    read_server_requirements,
 )
 from nemogym_sdk.gym.specs import EnvironmentSetup, PolicyModel, ServerSpec, StackConfig
-from nemogym_sdk.gym.stack import HEAD_SERVER_NAME, GymStack
+from nemogym_sdk.gym.stack import GymStack
 from nemogym_sdk.gym.vllm import (
     VLLM_VENV_ENV_VAR,
     VllmVenv,
@@ -67,6 +75,7 @@ from nemogym_sdk.gym.vllm import (
 __all__ = [
     "BackendProcess",
     "CATALOGUE",
+    "DatasetMissingError",
     "EnvironmentInfo",
     "EnvironmentLocation",
     "EnvironmentSetup",
@@ -75,9 +84,13 @@ __all__ = [
     "GymVenv",
     "GymVenvNotFoundError",
     "HEAD_SERVER_NAME",
+    "Launch",
     "PolicyModel",
+    "ProcessGroup",
+    "ProcessSpec",
     "REQUIREMENTS_CACHE_ENV_VAR",
     "RequirementsInstallError",
+    "ResolvedEnvironment",
     "SDK_ENVIRONMENTS",
     "SDK_ENVS_DIR",
     "ServerEnvironment",
@@ -85,6 +98,7 @@ __all__ = [
     "ServerRequirements",
     "ServerSpec",
     "ServerStartError",
+    "StackBuilder",
     "StackConfig",
     "UvNotFoundError",
     "VLLM_VENV_ENV_VAR",
@@ -102,6 +116,7 @@ __all__ = [
     "locate_environment",
     "prepare_server_environment",
     "read_server_requirements",
+    "resolve_environments",
     "start_serve",
     "start_vllm",
 ]

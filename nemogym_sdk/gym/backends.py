@@ -97,7 +97,8 @@ def start_serve(
         mode: ``sample`` (real sampling) or ``scripted`` (see ``nemogym_sdk.serve``).
         logprobs_mode: ``processed_logprobs`` (what GRPO's ratio needs) or ``raw_logprobs``.
         model: a local model directory; None = the built-in tiny model (weights from ``seed``).
-        served_model_name: the base model's name; default ``nemogym-tiny`` or the path.
+        served_model_name: the base model's name; default the one the server reports (the
+            tiny model's name, or the path).
         seed: seed of the tiny model's weights and of sampling.
         extra_args: more command-line flags for the server.
         log_path: its log file; default a file in the temporary directory.
@@ -123,20 +124,26 @@ def start_serve(
         log_path=log,
         health_url=f"http://{LOOPBACK}:{port}/health",
     )
+    base_url = f"http://{LOOPBACK}:{port}/v1"
     try:
         wait_ready([process], ready_timeout)
+        served = served_model_name or _base_model_name(base_url)
     except BaseException:
         stop_all([process], grace=5.0)
         raise
-    if served_model_name is None:
-        from nemogym_sdk.serve.tiny import TINY_MODEL_NAME
+    return BackendProcess(process=process, base_url=base_url, served_model_name=served)
 
-        served_model_name = TINY_MODEL_NAME if model is None else str(model)
-    return BackendProcess(
-        process=process,
-        base_url=f"http://{LOOPBACK}:{port}/v1",
-        served_model_name=served_model_name,
-    )
+
+def _base_model_name(base_url: str) -> str:
+    """The name the server serves its base model under: the first card of ``/v1/models``."""
+    import requests
+
+    from nemogym_sdk._http import check, send
+
+    with requests.Session() as http:
+        url = f"{base_url}/models"
+        answer = check(send(http, "GET", url, timeout=10.0), f"GET {url}")
+    return str(answer.json()["data"][0]["id"])
 
 
 def _default_log(port: int) -> Path:

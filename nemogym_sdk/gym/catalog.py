@@ -18,8 +18,10 @@ from typing import Any
 import attrs
 
 from nemogym_sdk.errors import ConfigError
-from nemogym_sdk.gym.config import dataset_paths, load_environment_config
-from nemogym_sdk.gym.locate import GymVenv, locate_environment
+from nemogym_sdk.gym.config import dataset_paths
+from nemogym_sdk.gym.loading import environment_config
+from nemogym_sdk.gym.locate import GymVenv
+from nemogym_sdk.gym.resolve import resolve_environments
 from nemogym_sdk.gym.specs import AGENTS, RESOURCES
 
 __all__ = [
@@ -85,8 +87,9 @@ class EnvironmentInfo:
 
 
 def describe_environment(venv: GymVenv, name: str) -> EnvironmentInfo:
-    """Read an environment's shipped config and example rows."""
-    shipped = load_environment_config(venv, name)
+    """Read an environment's shipped config (as NeMo Gym resolves it) and example rows."""
+    (resolved,) = resolve_environments(venv, [name])
+    shipped = environment_config(resolved)
     description = ""
     domain: str | None = None
     resources: list[str] = []
@@ -110,8 +113,8 @@ def describe_environment(venv: GymVenv, name: str) -> EnvironmentInfo:
             impls.append(str(impl))
             max_steps.append(inner.get("max_steps"))
             agent_configs.append(inner)
-    location = locate_environment(venv, name)
-    paths = dataset_paths(location, agent_configs)
+    location = resolved.location
+    paths = dataset_paths(resolved, agent_configs)
     example_path = paths.get("example", location.directory / "data" / "example.jsonl")
     if not example_path.is_file():
         raise ConfigError(f"{name} ships no example rows at {example_path}")

@@ -1,35 +1,34 @@
-"""Build the resolved NeMo Gym global config for a set of shipped environments.
+"""Build the global config of a stack: NeMo Gym's resolution plus what the SDK adds.
 
 NeMo Gym servers read one global config (YAML in ``NEMO_GYM_CONFIG_DICT``) and find
 their own block under the top-level key named by ``NEMO_GYM_CONFIG_PATH``. A block is
 ``<instance>: {<server_type>: {<impl>: {entrypoint, host, port, ...}}}`` and servers
 refer to each other with ``{type: <server_type>, name: <instance>}``.
 
-What :func:`build_stack_config` does with an environment's shipped
-``configs/<env>.yaml`` (in ``resources_servers/<env>`` of the NeMo Gym venv, or in
-``nemogym_sdk/gym/envs/<env>`` for environments shipped with the SDK; see
-:func:`~nemogym_sdk.gym.locate.locate_environment`):
+Each environment's config comes resolved by NeMo Gym's own parser
+(:mod:`nemogym_sdk.gym.resolve`; paired with an agent when it starts none:
+:mod:`nemogym_sdk.gym.loading`). :func:`build_stack_config` adds what the SDK owns:
 
-* keeps its resources server and agent instances verbatim;
-* drops its ``environment_servers`` instances: in 0.7.0 they only front the agent for
-  ``gym eval run`` (posting to the agent's ``/run`` gives the same result), and the
-  ``legacy_agent`` relay does not declare ``ray_enabled``, so started on its own it
-  would start a Ray cluster of its own;
+* drops its ``environment_servers`` instances (NeMo Gym's ``legacy_agent`` relays, also
+  the ones its parser generates): in 0.7.0 they only front the agent for ``gym eval run``
+  (posting to the agent's ``/run`` gives the same result), and the relay does not declare
+  ``ray_enabled``, so started on its own it would start a Ray cluster of its own;
 * adds one ``vllm_model`` instance (``policy_model`` by default, the name the shipped
   agents refer to) configured for training from a :class:`PolicyModel`, in place of a
   model server of that name the environment defines as a default;
 * starts every other model server the environment needs (judges, user simulators,
-  reward models: see :func:`wire_model_dependencies`) as a ``vllm_model`` on the judge
-  endpoint (:func:`judge_server_block`), replacing the ones it declares;
-* keeps the environment's top-level variables (``judge_base_url: null`` ...) as globals;
-* fills the global keys a server reads at start-up (``head_server``, ``dry_run``, the
-  ``policy_*`` and ``judge_*`` keys the shipped model configs interpolate,
-  ``results_dir``/``cache_dir``);
+  reward models) as a ``vllm_model`` on the judge endpoint (:mod:`nemogym_sdk.gym.judges`);
+* keeps the other top-level keys (NeMo Gym's defaults, the environment's variables such
+  as ``judge_base_url: null``) as globals, which must agree across environments, and sets
+  the ones the stack owns: ``head_server``, ``dry_run``, the ``policy_*`` and ``judge_*``
+  keys the shipped model configs interpolate, ``results_dir``/``cache_dir``;
 * deep-merges caller ``overrides``, then pins every server without a host/port to
-  127.0.0.1 and a free port, then checks that every server reference points at an
-  instance of the right type.
+  127.0.0.1 and a free port of ``port_range_low``-``port_range_high``, lists them all in
+  ``disallowed_ports`` (as NeMo Gym's parser does), then checks that every server
+  reference points at an instance of the right type.
 
-Everything here is pure (no processes); ports come from an injectable allocator.
+Everything here but the resolution is pure (no processes); ports come from an injectable
+allocator.
 """
 
 from __future__ import annotations
@@ -37,21 +36,21 @@ from __future__ import annotations
 import copy
 import random
 import socket
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
 from nemogym_sdk.errors import ConfigError
-from nemogym_sdk.gym.directives import deep_merge, is_copy
-from nemogym_sdk.gym.loading import (
-    SERVER_TYPES,
-    environment_config_path,
-    load_environment_config,
-    server_type_of,
+from nemogym_sdk.gym.judges import (
+    declared_model,
+    judge_server_block,
+    wire_model_dependencies,
 )
-from nemogym_sdk.gym.locate import EnvironmentLocation, GymVenv, locate_environment
+from nemogym_sdk.gym.loading import deep_merge, environment_config, server_type_of
+from nemogym_sdk.gym.locate import GymVenv
+from nemogym_sdk.gym.resolve import ResolvedEnvironment, resolve_environments
 from nemogym_sdk.gym.specs import (
     AGENTS,
     LOOPBACK,
@@ -62,48 +61,44 @@ from nemogym_sdk.gym.specs import (
     ServerSpec,
     StackConfig,
 )
+from nemogym_sdk.wire import SERVER_TYPES
+
+__all__ = [
+    "PORT_RANGE",
+    "STACK_KEYS",
+    "build_stack_config",
+    "dataset_paths",
+    "free_loopback_ports",
+]
 
 _KEPT_TYPES = (MODELS, RESOURCES, AGENTS)
 # Start order: what others call first, so a caller never waits on a callee.
 _START_ORDER = {MODELS: 0, RESOURCES: 1, AGENTS: 2}
-
-__all__ = [
-    "JUDGE_INSTANCE",
-    "PORT_RANGE",
-    "WIRABLE_MODEL_IMPLS",
-    "build_stack_config",
-    "judge_server_block",
-    "dataset_paths",
-    "environment_config_path",
-    "free_loopback_ports",
-    "load_environment_config",
-    "wire_model_dependencies",
-]
-
-
-JUDGE_INSTANCE = "judge_model"
-"""Model server the stack adds, with an explicit ``judge``, for environments whose judge is
-``policy_model`` (``equivalence_llm_judge``, ``multichallenge`` ...); the name NeMo Gym's
-own configs give a separate judge."""
-
-WIRABLE_MODEL_IMPLS: frozenset[str] = frozenset(
-    {
-        "azure_openai_model",
-        "inference_provider",
-        "litellm_model",
-        "local_vllm_model",
-        "openai_model",
-        "vllm_model",
-    }
-)
-"""Model server implementations an environment may declare that the stack replaces with a
-``vllm_model`` on the judge endpoint: each only forwards to some OpenAI-compatible model.
-Others (``genrm_model``'s pairwise roles, ``switchyard_model``'s router,
-``vllm_model_with_compaction`` ...) speak more than that and are refused."""
+_CONFIG_PATHS = "config_paths"
 
 PORT_RANGE = (10001, 20000)
-"""Where ports are picked: NeMo Gym's own default range, below Linux's ephemeral ports
-(32768-60999), so an outgoing connection cannot take a port between pick and bind."""
+"""Where ports are picked unless the config says otherwise (``port_range_low`` and
+``_high``): NeMo Gym's own default range, below Linux's ephemeral ports (32768-60999), so
+an outgoing connection cannot take a port between pick and bind."""
+
+STACK_KEYS = frozenset(
+    {
+        "head_server",
+        "disallowed_ports",
+        "dry_run",
+        "results_dir",
+        "cache_dir",
+        "uv_cache_dir",
+        "uv_venv_dir",
+        "policy_base_url",
+        "policy_api_key",
+        "policy_model_name",
+    }
+)
+"""Top-level keys of NeMo Gym's resolution the stack sets itself (addresses, the policy,
+the working directories; NeMo Gym derives its defaults for these from the parsing
+process's cwd). ``uv_*`` serve NeMo Gym's own per-server venv set-up, which the stack
+does not use: they are left out."""
 
 
 def free_loopback_ports(count: int, port_range: tuple[int, int] = PORT_RANGE) -> list[int]:
@@ -113,12 +108,12 @@ def free_loopback_ports(count: int, port_range: tuple[int, int] = PORT_RANGE) ->
     ones), each by binding it; a port in use is skipped.
     """
     low, high = port_range
-    candidates = list(range(low, high + 1))
-    random.SystemRandom().shuffle(candidates)
     ports: list[int] = []
-    for port in candidates:
+    for port in _random_order(range(low, high + 1), 4 * count + 16):
         if len(ports) == count:
             break
+        if port in ports:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind((LOOPBACK, port))
@@ -130,6 +125,26 @@ def free_loopback_ports(count: int, port_range: tuple[int, int] = PORT_RANGE) ->
     return ports
 
 
+def _random_order(everything: range, first: int) -> Iterator[int]:
+    """The ports of ``everything`` at random: ``first`` of them (nearly always enough),
+    then the whole range shuffled, drawn only if those were not."""
+    rng = random.SystemRandom()
+    yield from rng.sample(everything, min(first, len(everything)))
+    yield from rng.sample(everything, len(everything))
+
+
+@attrs.define(kw_only=True)
+class _Parts:
+    """What the environments contribute, gathered before the stack's own servers join."""
+
+    servers: dict[str, Any] = attrs.field(factory=dict)
+    owner: dict[str, str | None] = attrs.field(factory=dict)
+    variables: dict[str, tuple[str, Any]] = attrs.field(factory=dict)
+    declared_models: dict[str, str] = attrs.field(factory=dict)
+    dropped: dict[str, list[str]] = attrs.field(factory=dict)
+    config_paths: list[str] = attrs.field(factory=list)
+
+
 def build_stack_config(
     venv: GymVenv,
     environments: Sequence[str],
@@ -139,90 +154,110 @@ def build_stack_config(
     workdir: Path | None = None,
     default_max_steps: int | None = None,
     overrides: Mapping[str, Any] | None = None,
-    allocate_ports: Callable[[int], Sequence[int]] = free_loopback_ports,
+    allocate_ports: Callable[[int], Sequence[int]] | None = None,
 ) -> StackConfig:
     """Resolve the global config that runs ``environments`` against ``model``.
 
     ``judge`` is the OpenAI-compatible endpoint every other model server the environments
-    need is pointed at (see :func:`wire_model_dependencies`); ``None`` means the policy's
-    own backend. ``default_max_steps`` is written into agents whose config has no
-    ``max_steps`` (``simple_agent`` is unbounded by default). ``overrides`` is deep-merged
-    into the result last (e.g. ``{"blackjack_gymnasium_agent": {"responses_api_agents":
-    {"gymnasium_agent": {"max_steps": 2}}}}``). ``workdir`` receives NeMo Gym's
-    ``results_dir`` and ``cache_dir``. ``allocate_ports(n)`` returns ``n`` ports, one
-    for each server (and the head server) whose port ``overrides`` did not pin.
-    Overrides may also add server instances, which are started with the rest.
+    need is pointed at (see :func:`~nemogym_sdk.gym.judges.wire_model_dependencies`);
+    ``None`` means the policy's own backend. ``default_max_steps`` is written into agents
+    whose config has no ``max_steps`` (``simple_agent`` is unbounded by default).
+    ``overrides`` is deep-merged into the result last (e.g. ``{"blackjack_gymnasium_agent":
+    {"responses_api_agents": {"gymnasium_agent": {"max_steps": 2}}}}``). ``workdir``
+    receives NeMo Gym's ``results_dir`` and ``cache_dir``. ``allocate_ports(n)`` returns
+    ``n`` ports, one for each server (and the head server) whose port ``overrides`` did
+    not pin; default :func:`free_loopback_ports` in the config's port range. Overrides may
+    also add server instances, which are started with the rest. All environments are
+    resolved in one request to the NeMo Gym worker (none when cached).
     """
-    if not environments:
-        raise ConfigError("at least one environment is required")
+    if isinstance(environments, str) or not environments:
+        raise ConfigError("at least one environment is required (a sequence of names)")
     if len(set(environments)) != len(environments):
         raise ConfigError(f"environments listed twice: {list(environments)}")
+    if default_max_steps is not None and default_max_steps < 1:
+        raise ConfigError(f"default_max_steps must be >= 1, got {default_max_steps}")
+    resolved = resolve_environments(venv, environments)
+    parts = _Parts()
+    for environment in resolved:
+        _collect(parts, environment, model)
+    _add_models(parts, model, judge)
+    if default_max_steps is not None:
+        _fill_max_steps(parts.servers, default_max_steps)
+    globals_ = _globals(parts, model, judge if judge is not None else model, workdir)
+    config = deep_merge({**globals_, **parts.servers}, overrides or {})
+    _pin_addresses(config, allocate_ports or _range_allocator(config))
+    servers = _server_specs(config, parts.owner)
+    _check_references(config, servers)
+    head = config["head_server"]
+    return StackConfig(
+        global_config=config,
+        servers=servers,
+        environments=tuple(_environment_setup(e, parts, config, servers) for e in resolved),
+        head_host=str(head["host"]),
+        head_port=int(head["port"]),
+    )
 
-    config: dict[str, Any] = {}
-    owner: dict[str, str | None] = {}
-    variables: dict[str, tuple[str, Any]] = {}
-    declared_models: dict[str, str] = {}
-    partial: list[tuple[EnvironmentLocation, list[str]]] = []
-    for environment in environments:
-        location = locate_environment(venv, environment)
-        shipped = load_environment_config(venv, environment)
-        dropped: list[str] = []
-        for instance, block in shipped.items():
-            server_type = server_type_of(block)
-            if server_type is None and is_copy(block):
-                source = block["_copy"]
-                if source != model.instance_name and server_type_of(shipped.get(source)) != MODELS:
-                    raise ConfigError(
-                        f"{environment}: {instance!r} copies {source!r} (_copy), which is not "
-                        "a model server; only copies of model servers are supported"
-                    )
-                declared_models[instance] = f"copy of {source}"
-                continue
-            if server_type is None:
-                _add_variable(variables, environment, instance, block)
-                continue
-            if server_type not in _KEPT_TYPES:
-                dropped.append(instance)
-                continue
-            if server_type == MODELS and instance == model.instance_name:
-                continue  # a default policy (nemo_user_sim's): the stack's policy replaces it
-            if server_type == MODELS:
-                # Replaced by the judge block below; shared by every environment naming it.
-                declared_models[instance] = _declared_model(environment, instance, block)
-                continue
-            if instance in config:
-                raise ConfigError(
-                    f"server instance {instance!r} is defined by both {owner[instance]!r} "
-                    f"and {environment!r}"
-                )
-            config[instance] = copy.deepcopy(block)
-            owner[instance] = environment
-        partial.append((location, dropped))
 
-    if model.instance_name in config:
+def _collect(parts: _Parts, resolved: ResolvedEnvironment, model: PolicyModel) -> None:
+    """Sort one environment's top-level keys into servers, models to wire and globals."""
+    environment = resolved.name
+    dropped = parts.dropped.setdefault(environment, [])
+    for instance, block in environment_config(resolved).items():
+        server_type = server_type_of(block)
+        if instance == _CONFIG_PATHS:
+            parts.config_paths += [p for p in block or [] if p not in parts.config_paths]
+        elif server_type is None:
+            if instance not in STACK_KEYS:
+                _add_variable(parts.variables, environment, instance, block)
+        elif server_type not in _KEPT_TYPES:
+            dropped.append(instance)
+        elif server_type == MODELS and instance == model.instance_name:
+            continue  # a default policy (nemo_user_sim's): the stack's policy replaces it
+        elif server_type == MODELS:
+            # Replaced by a judge block; shared by every environment naming it.
+            parts.declared_models[instance] = declared_model(environment, instance, block)
+        elif instance in parts.servers:
+            raise ConfigError(
+                f"server instance {instance!r} is defined by both "
+                f"{parts.owner[instance]!r} and {environment!r}"
+            )
+        else:
+            parts.servers[instance] = copy.deepcopy(block)
+            parts.owner[instance] = environment
+
+
+def _add_models(parts: _Parts, model: PolicyModel, judge: PolicyModel | None) -> None:
+    """The policy's ``vllm_model`` and a judge block for every model dependency."""
+    if model.instance_name in parts.servers:
         raise ConfigError(
-            f"{owner[model.instance_name]!r} already defines {model.instance_name!r} as a "
-            "server that is not a model server; give the PolicyModel another instance_name"
+            f"{parts.owner[model.instance_name]!r} already defines {model.instance_name!r} "
+            "as a server that is not a model server; give the PolicyModel another instance_name"
         )
     judge_block = judge_server_block(judge if judge is not None else model)
     for instance in wire_model_dependencies(
-        config, model.instance_name, declared_models, rename_policy=judge is not None
+        parts.servers, model.instance_name, parts.declared_models, rename_policy=judge is not None
     ):
-        config[instance] = {MODELS: {"vllm_model": copy.deepcopy(judge_block)}}
-        owner[instance] = None
-    config[model.instance_name] = {MODELS: {"vllm_model": model.server_block()}}
-    owner[model.instance_name] = None
+        parts.servers[instance] = {MODELS: {"vllm_model": copy.deepcopy(judge_block)}}
+        parts.owner[instance] = None
+    parts.servers[model.instance_name] = {MODELS: {"vllm_model": model.server_block()}}
+    parts.owner[model.instance_name] = None
 
-    if default_max_steps is not None:
-        if default_max_steps < 1:
-            raise ConfigError(f"default_max_steps must be >= 1, got {default_max_steps}")
-        for instance, block in config.items():
-            server_type, _, inner = _inner(instance, block)
-            if server_type == AGENTS and inner.get("max_steps") is None:
-                inner["max_steps"] = default_max_steps
 
-    effective_judge = judge if judge is not None else model
-    globals_: dict[str, Any] = {name: value for name, (_, value) in variables.items()}
+def _fill_max_steps(servers: Mapping[str, Any], max_steps: int) -> None:
+    for instance, block in servers.items():
+        server_type, _, inner = _inner(instance, block)
+        if server_type == AGENTS and inner.get("max_steps") is None:
+            inner["max_steps"] = max_steps
+
+
+def _globals(
+    parts: _Parts, model: PolicyModel, judge: PolicyModel, workdir: Path | None
+) -> dict[str, Any]:
+    """The top-level keys: NeMo Gym's defaults and the environments' variables, then the
+    ones the stack owns."""
+    globals_: dict[str, Any] = {name: value for name, (_, value) in parts.variables.items()}
+    if parts.config_paths:
+        globals_[_CONFIG_PATHS] = list(parts.config_paths)
     globals_.update(
         {
             "head_server": {"host": LOOPBACK},
@@ -231,127 +266,15 @@ def build_stack_config(
             "policy_api_key": model.api_key,
             "policy_model_name": model.model,
             # What the shipped judge blocks interpolate (${judge_base_url} ...).
-            "judge_base_url": effective_judge.base_url,
-            "judge_api_key": effective_judge.api_key,
-            "judge_model_name": effective_judge.model,
+            "judge_base_url": judge.base_url,
+            "judge_api_key": judge.api_key,
+            "judge_model_name": judge.model,
         }
     )
     if workdir is not None:
         globals_["results_dir"] = str(workdir / "results")
         globals_["cache_dir"] = str(workdir / "cache")
-    config = deep_merge({**globals_, **config}, overrides or {})
-    _pin_addresses(config, allocate_ports)
-
-    servers = _server_specs(config, owner)
-    _check_references(config, servers)
-    head = config["head_server"]
-    setups = tuple(
-        _environment_setup(location, dropped, config, servers) for location, dropped in partial
-    )
-    return StackConfig(
-        global_config=config,
-        servers=servers,
-        environments=setups,
-        head_host=str(head["host"]),
-        head_port=int(head["port"]),
-    )
-
-
-def judge_server_block(judge: PolicyModel) -> dict[str, Any]:
-    """The ``vllm_model`` block (without host and port) of a judge on ``judge``'s endpoint.
-
-    ``base_url``, ``api_key``, ``model``, ``uses_reasoning_parser`` and ``extra`` come from
-    ``judge``; token-id information is always off (nothing trains on a judge's tokens, and
-    it would cost a ``/tokenize`` call per verdict, which OpenAI's own API lacks).
-    ``vllm_model`` serves both APIs judges call (``/v1/responses``, translated to chat
-    completions, and ``/v1/chat/completions``) and needs only chat completions upstream.
-    """
-    plain = attrs.evolve(
-        judge, return_token_id_information=False, request_prompt_and_generation_token_ids=False
-    )
-    return plain.server_block()
-
-
-def wire_model_dependencies(
-    config: dict[str, Any],
-    policy_instance: str,
-    declared_models: Mapping[str, str],
-    *,
-    rename_policy: bool,
-) -> list[str]:
-    """Rewire the model servers the kept servers call besides the policy; return their names.
-
-    A *model dependency* is any ``{type: responses_api_models, name: ...}`` reference in a
-    resources server's block (``judge_model_server``, ``user_model_server``,
-    ``genrm_model_server``, ``retrieval_model_server`` ...) or in an agent's block other
-    than its own ``model_server``, plus every model instance an environment declares
-    (``declared_models``: instance -> implementation, e.g. ``judge_model: openai_model``).
-    Each such instance is returned, to be started as a ``vllm_model`` on the judge
-    endpoint: a declared block is replaced (its ``${judge_base_url}``-style settings with
-    it), an undeclared name (``simpleqa``'s ``genrm_model``) is added. References to the
-    policy instance are judges that share the policy: with ``rename_policy`` (an explicit
-    judge) they are rewritten, in ``config``, to :data:`JUDGE_INSTANCE`; otherwise they
-    stay on the policy's own server. An agent sampling from a declared model server is
-    refused: the stack serves agents only the policy.
-    """
-    needed = dict.fromkeys(declared_models)
-    for instance, block in config.items():
-        server_type, _, inner = _inner(instance, block)
-        if server_type == AGENTS:
-            ref: Any = inner.get("model_server")
-            name = str(ref["name"]) if _is_model_ref(ref) else ""
-            if name in declared_models:
-                raise ConfigError(
-                    f"agent {instance!r} samples from {name!r} (model_server), a "
-                    f"{declared_models[name]} server its environment declares; the "
-                    "stack serves agents only the policy: point model_server at "
-                    f"{policy_instance!r} in overrides"
-                )
-        for holder, key in _dependency_refs(inner, top=server_type == AGENTS):
-            name = str(holder[key]["name"])
-            if name == policy_instance:
-                if not rename_policy:
-                    continue
-                holder[key] = {"type": MODELS, "name": JUDGE_INSTANCE}
-                name = JUDGE_INSTANCE
-            needed.setdefault(name)
-    return list(needed)
-
-
-def _dependency_refs(node: Any, *, top: bool) -> Iterable[tuple[Any, Any]]:
-    """``(container, key or index)`` of each model reference below ``node``.
-
-    With ``top`` (an agent's block) its own ``model_server`` is the policy and is skipped.
-    """
-    if isinstance(node, dict):
-        items: Iterable[tuple[Any, Any]] = list(node.items())
-    elif isinstance(node, list):
-        items = list(enumerate(node))
-    else:
-        return
-    for key, value in items:
-        if _is_model_ref(value):
-            if not (top and key == "model_server"):
-                yield node, key
-        else:
-            yield from _dependency_refs(value, top=False)
-
-
-def _is_model_ref(node: Any) -> bool:
-    return isinstance(node, Mapping) and set(node) == {"type", "name"} and node["type"] == MODELS
-
-
-def _declared_model(environment: str, instance: str, block: Mapping[str, Any]) -> str:
-    """The implementation of a model server an environment declares, if the stack can wire it."""
-    ((impl, _),) = block[MODELS].items()
-    if impl not in WIRABLE_MODEL_IMPLS:
-        raise ConfigError(
-            f"{environment}: model server {instance!r} is a {impl} server, which the stack "
-            "cannot point at an OpenAI-compatible judge endpoint (it can replace "
-            f"{', '.join(sorted(WIRABLE_MODEL_IMPLS))}); start it yourself and give it to "
-            f"the stack with overrides={{{instance!r}: ...}}"
-        )
-    return str(impl)
+    return globals_
 
 
 def _add_variable(
@@ -371,8 +294,15 @@ def _add_variable(
     variables[key] = (environment, copy.deepcopy(value))
 
 
+def _range_allocator(config: Mapping[str, Any]) -> Callable[[int], Sequence[int]]:
+    low = int(config.get("port_range_low") or PORT_RANGE[0])
+    high = int(config.get("port_range_high") or PORT_RANGE[1])
+    return lambda count: free_loopback_ports(count, (low, high))
+
+
 def _pin_addresses(config: dict[str, Any], allocate_ports: Callable[[int], Sequence[int]]) -> None:
-    """Give the head server and every server without a host/port a loopback address."""
+    """Give the head server and every server without a host/port a loopback address, and
+    list every port in ``disallowed_ports``."""
     head = config.get("head_server")
     if not isinstance(head, dict):
         raise ConfigError(f"head_server must be a mapping, got {head!r}")
@@ -388,6 +318,7 @@ def _pin_addresses(config: dict[str, Any], allocate_ports: Callable[[int], Seque
         block["port"] = port
     for block in blocks:
         block.setdefault("host", LOOPBACK)
+    config["disallowed_ports"] = [block["port"] for block in blocks]
 
 
 def _inner(instance: str, block: Any) -> tuple[str, str, dict[str, Any]]:
@@ -460,39 +391,39 @@ def _references(node: Any) -> Iterable[tuple[str, str]]:
 
 
 def _environment_setup(
-    location: EnvironmentLocation,
-    dropped: list[str],
+    resolved: ResolvedEnvironment,
+    parts: _Parts,
     config: Mapping[str, Any],
     servers: tuple[ServerSpec, ...],
 ) -> EnvironmentSetup:
-    mine = [s for s in servers if s.environment == location.name]
+    location = resolved.location
+    mine = [s for s in servers if s.environment == resolved.name]
     agents = [s for s in mine if s.server_type == AGENTS]
-    paths = dataset_paths(location, [_inner(a.instance, config[a.instance])[2] for a in agents])
+    paths = dataset_paths(resolved, [_inner(a.instance, config[a.instance])[2] for a in agents])
     return EnvironmentSetup(
-        name=location.name,
+        name=resolved.name,
         config_path=location.config_path,
         agents=tuple(a.instance for a in agents),
         agent_impls=tuple(a.impl for a in agents),
         resources_servers=tuple(s.instance for s in mine if s.server_type == RESOURCES),
-        dropped=tuple(dropped),
+        dropped=tuple(parts.dropped.get(resolved.name, ())),
         example_path=paths.get("example", location.directory / "data" / "example.jsonl"),
         train_path=paths.get("train"),
+        allowed_agents=resolved.allowed_agents,
     )
 
 
 def dataset_paths(
-    location: EnvironmentLocation, agent_configs: Iterable[Mapping[str, Any]]
+    resolved: ResolvedEnvironment, agent_configs: Iterable[Mapping[str, Any]]
 ) -> dict[str, Path]:
-    """Dataset type (``example``, ``train`` ...) -> the first such dataset's file.
-
-    ``agent_configs`` are the inner blocks of the environment's agents, in config order;
-    each ``jsonl_fpath`` is resolved against the environment's root
-    (:attr:`~nemogym_sdk.gym.locate.EnvironmentLocation.root`).
-    """
+    """Dataset type (``example``, ``train`` ...) -> the first such dataset's file, as NeMo
+    Gym resolves its ``jsonl_fpath`` (:attr:`ResolvedEnvironment.datasets`); the agents'
+    inner blocks are given in config order."""
     paths: dict[str, Path] = {}
     for inner in agent_configs:
         for dataset in inner.get("datasets") or []:
             if isinstance(dataset, Mapping) and dataset.get("jsonl_fpath"):
-                kind = str(dataset.get("type"))
-                paths.setdefault(kind, location.resolve(str(dataset["jsonl_fpath"])))
+                fpath = str(dataset["jsonl_fpath"])
+                found = resolved.datasets.get(fpath, resolved.location.resolve(fpath))
+                paths.setdefault(str(dataset.get("type")), found)
     return paths

@@ -4,7 +4,8 @@ They extend the package-wide tree in :mod:`nemogym_sdk.errors`::
 
     ConfigError(ValueError)
     ├── GymVenvNotFoundError           the NeMo Gym venv is missing or incomplete
-    └── UvNotFoundError                ``uv`` (which builds per-server environments) is absent
+    ├── UvNotFoundError                ``uv`` (which builds per-server environments) is absent
+    └── DatasetMissingError            a config names example rows that are not there
     NemoGymError
     └── ServerStartError(RuntimeError) a server process exited during start-up
         └── RequirementsInstallError   a server's requirements failed to install
@@ -23,6 +24,7 @@ from pathlib import Path
 from nemogym_sdk.errors import ConfigError, NemoGymError, NotReadyError
 
 __all__ = [
+    "DatasetMissingError",
     "GymVenvNotFoundError",
     "RequirementsInstallError",
     "ServerNotReadyError",
@@ -37,6 +39,27 @@ class GymVenvNotFoundError(ConfigError):
 
 class UvNotFoundError(ConfigError):
     """No ``uv`` to build a server's environment with (``pip install uv`` fixes it)."""
+
+
+class DatasetMissingError(ConfigError):
+    """An environment's config names example rows that do not exist: a file the installed
+    nemo-gym does not ship (``structured_outputs:structured_outputs_json_yaml_xml_v1``).
+
+    ``environment`` is the environment, ``config_path`` its config, ``path`` the file.
+    """
+
+    def __init__(self, environment: str, config_path: Path, path: Path) -> None:
+        super().__init__(
+            f"{environment}: its config {config_path} names the example rows {path}, which "
+            "is not there (the installed nemo-gym does not ship it); pick another of the "
+            "environment's configs"
+        )
+        self.environment = environment
+        self.config_path = config_path
+        self.path = path
+
+    def __reduce__(self) -> tuple[type[DatasetMissingError], tuple[object, ...]]:
+        return (type(self), (self.environment, self.config_path, self.path))
 
 
 def _describe(server: str, what: str, log_path: Path | None, log_tail: str) -> str:

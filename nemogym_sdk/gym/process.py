@@ -24,6 +24,8 @@ from nemogym_sdk._ready import answered, poll_ready
 from nemogym_sdk.gym.errors import ServerNotReadyError, ServerStartError
 
 __all__ = [
+    "ProcessGroup",
+    "ProcessSpec",
     "ServerProcess",
     "group_alive",
     "spawn",
@@ -64,6 +66,69 @@ class ServerProcess:
     def tail(self, lines: int = TAIL_LINES) -> str:
         """The last ``lines`` lines of the log."""
         return tail(self.log_path, lines)
+
+
+@attrs.frozen(kw_only=True)
+class ProcessSpec:
+    """How to start one server process: what :func:`spawn` takes."""
+
+    name: str
+    """Instance name of the server (or ``head_server``)."""
+    argv: tuple[str, ...]
+    """Command line; ``argv[0]`` is the interpreter."""
+    cwd: Path
+    """Directory it runs in."""
+    env: Mapping[str, str] = attrs.field(repr=False)
+    """Its whole environment."""
+    log_path: Path
+    """File receiving its stdout and stderr."""
+    health_url: str
+    """URL polled until it answers 2xx."""
+
+
+class ProcessGroup:
+    """The processes of one stack, each the leader of its own process group.
+
+    :meth:`spawn` starts them one by one, :meth:`wait_ready` waits for all, :meth:`stop`
+    ends them (last started first) by their process groups, never by name.
+    """
+
+    def __init__(self) -> None:
+        self._processes: list[ServerProcess] = []
+
+    def spawn(self, spec: ProcessSpec) -> ServerProcess:
+        """Start ``spec`` (see :func:`spawn`) and keep it in the group."""
+        process = spawn(
+            spec.name,
+            spec.argv,
+            cwd=spec.cwd,
+            env=spec.env,
+            log_path=spec.log_path,
+            health_url=spec.health_url,
+        )
+        self._processes.append(process)
+        return process
+
+    def wait_ready(self, timeout: float) -> None:
+        """Wait until every process answers (see :func:`wait_ready`)."""
+        wait_ready(self._processes, timeout)
+
+    def stop(self, grace: float) -> None:
+        """SIGTERM, then SIGKILL after ``grace``, every group, last started first."""
+        stop_all(list(reversed(self._processes)), grace)
+
+    def __len__(self) -> int:
+        return len(self._processes)
+
+    @property
+    def log_paths(self) -> dict[str, Path]:
+        """Process name -> log file."""
+        return {p.name: p.log_path for p in self._processes}
+
+    @property
+    def pids(self) -> dict[str, int]:
+        """Process name -> pid, which is also its process-group id."""
+        return {p.name: p.pid for p in self._processes}
 
 
 def tail(path: Path, lines: int = TAIL_LINES) -> str:

@@ -115,6 +115,13 @@ class EnvironmentSetup:
     """The shipped example rows (the config's ``example`` dataset, else ``data/example.jsonl``)."""
     train_path: Path | None = None
     """The config's ``train`` dataset, resolved; ``None`` when it lists none."""
+    allowed_agents: tuple[str, ...] = ()
+    """Agent implementations its resources servers accept (``allowed_agents``), in order."""
+
+    @property
+    def agent(self) -> str | None:
+        """The agent instance its rows go to: the first of :attr:`agents` (None: it has none)."""
+        return self.agents[0] if self.agents else None
 
 
 @attrs.frozen(kw_only=True)
@@ -142,6 +149,14 @@ class StackConfig:
             if spec.instance == instance:
                 return spec
         raise ConfigError(f"no server named {instance!r} in the stack")
+
+    def environment(self, name: str) -> EnvironmentSetup:
+        """The environment of this name; ``ConfigError`` naming the stack's if there is none."""
+        for setup in self.environments:
+            if setup.name == name:
+                return setup
+        known = ", ".join(e.name for e in self.environments)
+        raise ConfigError(f"{name!r} is not an environment of this stack ({known})")
 
 
 def _plain(node: Any) -> Any:

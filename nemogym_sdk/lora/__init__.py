@@ -19,13 +19,12 @@ functions that save an adapter. See ``docs/lora-sync.md``.
 
 from __future__ import annotations
 
+from nemogym_sdk.errors import LoraSyncError
 from nemogym_sdk.lora.hooks import LoraSyncHook, install_lora_sync
 from nemogym_sdk.lora.probe import (
     ENABLE_RUNTIME_LORA,
     LoraCapabilities,
-    LoraSyncError,
     probe_lora_support,
-    server_root,
 )
 from nemogym_sdk.lora.served_name import check_served_name
 from nemogym_sdk.lora.sync import LoraSync, SyncRecord
@@ -40,5 +39,4 @@ __all__ = [
     "check_served_name",
     "install_lora_sync",
     "probe_lora_support",
-    "server_root",
 ]

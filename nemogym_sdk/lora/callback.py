@@ -18,9 +18,9 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from nemogym_sdk.errors import ConfigError
-from nemogym_sdk.lora.hooks import run_on_main
-from nemogym_sdk.lora.probe import LoraSyncError
+from nemogym_sdk import ranks
+from nemogym_sdk.directory import ServerDirectory
+from nemogym_sdk.errors import ConfigError, LoraSyncError
 from nemogym_sdk.lora.served_name import check_served_name
 from nemogym_sdk.lora.sync import LoraSync, SyncRecord
 
@@ -45,8 +45,9 @@ class LoraSyncCallback(TrainerCallback):
     Args:
         sync: the ``LoraSync`` to publish through; ``None`` on processes other than the
             main one is fine.
-        deployment: a ``ServerDirectory`` or ``GymStack`` whose model servers must request
-            the adapter by name (see ``check_served_name``).
+        deployment: the ``ServerDirectory`` (``ServerDirectory.from_head``, or
+            ``GymStack.directory``) whose model servers must request the adapter by name
+            (see ``check_served_name``).
         require_zero: version 0 must be the zero adapter (see ``LoraSync.initialize``).
         log_path: if set, each step's publish is a JSON line there (``step``, ``version``,
             the ``served_version`` read back from ``/v1/models``, ``seconds``).
@@ -56,7 +57,7 @@ class LoraSyncCallback(TrainerCallback):
         self,
         sync: LoraSync | None,
         *,
-        deployment: object | None = None,
+        deployment: ServerDirectory | None = None,
         require_zero: bool = True,
         log_path: str | Path | None = None,
     ) -> None:
@@ -104,8 +105,8 @@ class LoraSyncCallback(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         model = kwargs.get("model")
-        run_on_main(lambda: self._begin(model), is_main=bool(state.is_world_process_zero))
+        ranks.on_main(lambda: self._begin(model), is_main=bool(state.is_world_process_zero))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         model, step = kwargs.get("model"), int(state.global_step)
-        run_on_main(lambda: self._publish(model, step), is_main=bool(state.is_world_process_zero))
+        ranks.on_main(lambda: self._publish(model, step), is_main=bool(state.is_world_process_zero))

@@ -10,16 +10,15 @@ of merging weights into vLLM. ``install_lora_sync`` sets ``sync_weights`` on tha
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+from nemogym_sdk import ranks
 from nemogym_sdk.errors import ConfigError
-from nemogym_sdk.lora.probe import LoraSyncError
 from nemogym_sdk.lora.sync import LoraSync
 
-__all__ = ["LoraSyncHook", "install_lora_sync", "run_on_main"]
+__all__ = ["LoraSyncHook", "install_lora_sync"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,55 +94,17 @@ class LoraSyncHook:
         return f"LoraSyncHook({type(self.target).__name__}.{ATTRIBUTE} -> {self.delegate}, {state})"
 
 
-def _distributed() -> Any:
-    """``torch.distributed`` when torch is already imported and a process group is up."""
-    torch = sys.modules.get("torch")
-    dist = getattr(torch, "distributed", None)
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return None
-    return dist
-
-
-def _is_main(trainer: object, dist: Any) -> bool:
+def _is_main(trainer: object) -> bool:
     accelerator = getattr(trainer, "accelerator", None)
     flag = getattr(accelerator, "is_main_process", None)
     if isinstance(flag, bool):
         return flag
-    return dist is None or int(dist.get_rank()) == 0
-
-
-def run_on_main(action: Callable[[], object], *, is_main: bool | None = None) -> None:
-    """Run ``action`` on the main process only; every process learns the outcome.
-
-    ``is_main`` defaults to rank 0 (or True without ``torch.distributed``). When a process
-    group is up, the outcome is broadcast from rank 0: a barrier after which every rank
-    raises if the action failed (``LoraSyncError`` on the others), so no rank waits
-    forever for a rank that gave up.
-    """
-    dist = _distributed()
-    if is_main is None:
-        is_main = dist is None or int(dist.get_rank()) == 0
-    error: Exception | None = None
-    if is_main:
-        try:
-            action()
-        except Exception as exc:  # noqa: BLE001 - re-raised below, after the other ranks know
-            error = exc
-    if dist is not None:
-        outcome: list[str | None] = [None if error is None else f"{type(error).__name__}: {error}"]
-        dist.broadcast_object_list(outcome, src=0)  # the barrier, carrying rank 0's outcome
-        if error is None and outcome[0] is not None:
-            raise LoraSyncError(f"LoRA sync failed on the main process: {outcome[0]}")
-    if error is not None:
-        raise error
+    return ranks.rank() == 0
 
 
 def _sync_on_main(trainer: object, sync: LoraSync) -> None:
     """Rank 0 publishes; every rank then learns the outcome (and fails together)."""
-    run_on_main(
-        lambda: sync.sync(getattr(trainer, "model", None)),
-        is_main=_is_main(trainer, _distributed()),
-    )
+    ranks.on_main(lambda: sync.sync(getattr(trainer, "model", None)), is_main=_is_main(trainer))
 
 
 def install_lora_sync(trainer: object, sync: LoraSync | None = None) -> LoraSyncHook:
@@ -152,9 +113,9 @@ def install_lora_sync(trainer: object, sync: LoraSync | None = None) -> LoraSync
     - If the trainer has its own ``_sync_lora_adapter`` (axolotl's async GRPO trainer;
       every rank calls it), the hook delegates to it and ``sync`` is not used.
     - Otherwise the hook calls ``sync.sync(trainer.model)`` on the main process only
-      (``trainer.accelerator.is_main_process``, else rank 0) and then, when
-      ``torch.distributed`` is initialised, broadcasts the outcome from rank 0: a barrier
-      after which every rank raises if the sync failed, so no rank waits forever.
+      (``trainer.accelerator.is_main_process``, else rank 0) through
+      ``nemogym_sdk.ranks.on_main``: with ``torch.distributed`` initialised every rank
+      learns the outcome and raises if the sync failed, so no rank waits forever.
 
     Raises:
         ConfigError: the trainer has no ``vllm_generation``, or neither a

@@ -14,22 +14,21 @@ routes are "unknown" (``routes_known=False``) and ``LoraSync`` then replaces an 
 by unloading and loading it, saying so in a log line. A server that cannot be reached is a
 ``TransportError``; one that does not answer in time is a ``DeadlineError``.
 
-This module is also the one edge where ``requests`` exceptions become the SDK's.
+Requests go through ``nemogym_sdk._http``, where ``requests``' exceptions become the SDK's.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
 import attrs
 import requests
 
-from nemogym_sdk.errors import ConfigError, DeadlineError, ServerError, TransportError
-from nemogym_sdk.hosts import is_wildcard
+from nemogym_sdk._http import owned_session, send, server_message
+from nemogym_sdk.errors import LoraSyncError
+from nemogym_sdk.hosts import server_root
 
 __all__ = [
     "ENABLE_RUNTIME_LORA",
@@ -56,22 +55,6 @@ ENABLE_RUNTIME_LORA = (
 """How to enable vLLM's runtime LoRA routes (used in error messages)."""
 
 _MAX_BODY = 2000
-
-
-class LoraSyncError(ServerError):
-    """The inference server refused or did not apply a LoRA adapter operation.
-
-    ``status`` is the HTTP status (0 when the server answered success but its
-    ``/v1/models`` shows that the adapter did not take effect), ``body`` the start of
-    the answer, and ``server_message`` the server's own error message.
-    """
-
-    def __init__(
-        self, message: str, status: int = 0, body: str = "", server_message: str = ""
-    ) -> None:
-        super().__init__(message, status, body)
-        self.args = (message, status, body, server_message)
-        self.server_message = server_message
 
 
 @attrs.frozen(kw_only=True)
@@ -130,35 +113,6 @@ class LoraCapabilities:
 # --- URLs ---------------------------------------------------------------------------------
 
 
-def server_root(url: str) -> str:
-    """``scheme://host:port[/prefix]`` for a server given with or without ``/v1``.
-
-    ``host:port`` gets ``http://``; a wildcard host (``0.0.0.0``) becomes ``127.0.0.1``.
-
-    >>> server_root("http://127.0.0.1:8000/v1/")
-    'http://127.0.0.1:8000'
-    >>> server_root("0.0.0.0:8000")
-    'http://127.0.0.1:8000'
-    """
-    text = url.strip()
-    parts = urlsplit(text if "://" in text else f"http://{text}")
-    try:
-        host, port = parts.hostname, parts.port
-    except ValueError as exc:
-        raise ConfigError(f"invalid port in server URL {url!r}: {exc}") from None
-    if parts.scheme not in ("http", "https") or not host:
-        raise ConfigError(f"not an http(s) server URL: {url!r}; pass e.g. http://127.0.0.1:8000")
-    if is_wildcard(host):
-        host = "127.0.0.1"
-    netloc = f"[{host}]" if ":" in host else host
-    if port is not None:
-        netloc = f"{netloc}:{port}"
-    path = parts.path.rstrip("/")
-    if path.endswith("/v1"):
-        path = path[: -len("/v1")]
-    return f"{parts.scheme}://{netloc}{path}"
-
-
 def target_url(target: object) -> str | None:
     """The server root of ``target``: a URL, or an object holding a vLLM client.
 
@@ -178,7 +132,7 @@ def target_url(target: object) -> str | None:
     return None
 
 
-# --- HTTP: the one edge where requests' exceptions are translated -------------------------
+# --- HTTP (through nemogym_sdk._http, the one edge where requests' exceptions are translated)
 
 
 def request(
@@ -190,43 +144,19 @@ def request(
     headers: Mapping[str, str],
     body: Mapping[str, Any] | None = None,
 ) -> requests.Response:
-    """Send one request: a connection failure raises ``TransportError``, no answer in
-    time ``DeadlineError``."""
-    try:
-        return http.request(method, url, json=body, timeout=timeout, headers=dict(headers))
-    except requests.ConnectionError as exc:  # includes ConnectTimeout
-        raise TransportError(
-            f"cannot reach {url}: {exc}. Is the inference server running at that address?"
-        ) from exc
-    except requests.Timeout as exc:
-        raise DeadlineError(
-            f"{method} {url} got no answer within {timeout:g} s; pass a larger timeout if "
-            "the server is busy (loading a large adapter takes a while)"
-        ) from exc
-    except requests.RequestException as exc:
-        raise TransportError(f"{method} {url} failed: {exc}") from exc
-
-
-def server_message(response: requests.Response) -> str:
-    """The server's own error message: vLLM's ``{"error": {"message"}}``, older vLLM's
-    ``{"message"}``, FastAPI's ``{"detail"}``, or the plain text."""
-    text = response.text.strip()
-    try:
-        data = json.loads(text)
-    except ValueError:
-        data = None
-    if isinstance(data, Mapping):
-        error = data.get("error")
-        if isinstance(error, Mapping) and isinstance(error.get("message"), str):
-            return str(error["message"])
-        for value in (error, data.get("message"), data.get("detail")):
-            if isinstance(value, str) and value:
-                return value
-        if data.get("detail") is not None:
-            return json.dumps(data["detail"])[:_MAX_BODY]
-    if isinstance(data, str) and data:
-        return data
-    return text[:_MAX_BODY] or f"HTTP {response.status_code} {response.reason or ''}".strip()
+    """``_http.send`` with hints for an inference server (is it running? is it busy?)."""
+    return send(
+        http,
+        method,
+        url,
+        timeout=timeout,
+        headers=headers,
+        body=body,
+        hint=(
+            "Is the inference server running at that address? Pass a larger timeout if it is "
+            "busy (loading a large adapter takes a while)."
+        ),
+    )
 
 
 def read_models(
@@ -346,13 +276,9 @@ def probe_lora_support(
         logger.debug("no vLLM client on %r (not the main process): LoRA probe skipped", target)
         return None
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    http = session or requests.Session()
-    try:
+    with owned_session(session) as http:
         doc, routes_error = _read_openapi(http, root, timeout=timeout, headers=headers)
         cards = read_models(http, root, timeout=timeout, headers=headers)
-    finally:
-        if session is None:
-            http.close()
     models = tuple(str(card["id"]) for card in cards if isinstance(card.get("id"), str))
     adapters = adapter_roots(cards)
     if doc is None:

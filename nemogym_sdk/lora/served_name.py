@@ -15,41 +15,18 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from nemogym_sdk.directory import MODELS, _resolve
+from nemogym_sdk.directory import ServerDirectory, resolve_interpolations
 from nemogym_sdk.errors import ConfigError
-from nemogym_sdk.hosts import is_loopback, is_wildcard, split_host_port
+from nemogym_sdk.hosts import same_endpoint
+from nemogym_sdk.wire import MODEL_NAME_KEYS, MODELS
 
 __all__ = ["check_served_name", "model_servers"]
 
 logger = logging.getLogger(__name__)
 
-# (name key, URL key) pairs of NeMo Gym model server implementations
-_NAME_KEYS = (("model", "base_url"), ("openai_model", "openai_base_url"))
-
-
-def _global_config(deployment: object) -> Mapping[str, Any]:
-    """The global config of a ServerDirectory, a GymStack or a plain mapping (duck typed)."""
-    if isinstance(deployment, Mapping):
-        return deployment
-    config = getattr(deployment, "config", None)
-    if isinstance(config, Mapping):  # ServerDirectory
-        if not config:
-            raise ConfigError(
-                f"{deployment!r} has no global config (it was not read from a head server); "
-                "use ServerDirectory.from_head(...) or pass the global config mapping"
-            )
-        return config
-    nested = getattr(config, "global_config", None)  # GymStack.config (StackConfig)
-    if isinstance(nested, Mapping):
-        return nested
-    raise ConfigError(
-        f"cannot read a NeMo Gym global config from {type(deployment).__name__}; pass a "
-        "ServerDirectory (from_head), a GymStack, or the global config mapping"
-    )
-
 
 def _plain(node: Any) -> Any:
-    """Plain dicts and lists (``_resolve`` walks those), copied so the input is untouched."""
+    """Plain dicts and lists (the resolver walks those), copied so the input is untouched."""
     if isinstance(node, Mapping):
         return {str(key): _plain(value) for key, value in node.items()}
     if isinstance(node, (list, tuple)):
@@ -63,7 +40,7 @@ def model_servers(config: Mapping[str, Any]) -> list[tuple[str, str, str, list[s
     ``${top_level.key}`` interpolations are resolved against the config; servers without
     a model name key are left out.
     """
-    resolved = _resolve(_plain(config))
+    resolved = resolve_interpolations(_plain(config))
     found: list[tuple[str, str, str, list[str]]] = []
     for instance, block in resolved.items():
         inner = block.get(MODELS) if isinstance(block, Mapping) else None
@@ -72,7 +49,7 @@ def model_servers(config: Mapping[str, Any]) -> list[tuple[str, str, str, list[s
         for implementation, server in inner.items():
             if not isinstance(server, Mapping):
                 continue
-            for name_key, url_key in _NAME_KEYS:
+            for name_key, url_key in MODEL_NAME_KEYS:
                 if isinstance(server.get(name_key), str):
                     urls = server.get(url_key)
                     listed = urls if isinstance(urls, list) else [urls]
@@ -90,45 +67,42 @@ def model_servers(config: Mapping[str, Any]) -> list[tuple[str, str, str, list[s
     return found
 
 
-def _endpoint(url: str) -> tuple[str, int | None] | None:
-    """(host, port) for comparing URLs; loopback and wildcard hosts are one host."""
-    try:
-        host, port = split_host_port(url)
-    except ConfigError:
-        return None
-    host = host.lower()
-    if is_loopback(host) or is_wildcard(host):
-        host = "127.0.0.1"
-    return host, port
-
-
 def check_served_name(
-    deployment: object, adapter_name: str, *, backend_url: str | None = None
+    directory: ServerDirectory, adapter_name: str, *, backend_url: str | None = None
 ) -> None:
     """Raise ``ConfigError`` unless NeMo Gym's model servers request ``adapter_name``.
 
     Args:
-        deployment: a ``ServerDirectory`` (its ``.config``, read from the head server), a
-            ``GymStack`` (``stack.config.global_config``), or the global config mapping.
+        directory: the deployment: ``ServerDirectory.from_head(...)`` for a running NeMo
+            Gym, or ``GymStack.directory`` for one the SDK started. Its ``config`` (the
+            global config) says what each model server requests.
         adapter_name: the name the trainer serves its LoRA adapter under
             (``LoraSync.adapter_name``).
         backend_url: the inference server the adapter is published to. With it, only
             model servers whose ``base_url`` (a URL or a list) points there are checked,
             and at least one must. ``localhost``, ``127.0.0.1`` and ``0.0.0.0`` count as
-            one host.
+            one host (``nemogym_sdk.hosts.same_endpoint``).
 
     Raises:
         ConfigError: a checked model server requests another model name (the message
-            names the instance, both names and the fix), or no model server is found.
+            names the instance, both names and the fix), no model server is found, or
+            ``directory`` is not a ``ServerDirectory`` with a global config.
     """
-    config = _global_config(deployment)
-    servers = model_servers(config)
+    if not isinstance(directory, ServerDirectory):
+        raise ConfigError(
+            f"check_served_name takes a ServerDirectory (ServerDirectory.from_head(...) or "
+            f"GymStack.directory), got {type(directory).__name__}"
+        )
+    if not directory.config:
+        raise ConfigError(
+            f"{directory!r} has no global config (it was not read from a head server or a "
+            "GymStack), so what its model servers request is unknown; use "
+            "ServerDirectory.from_head(...) or GymStack.directory"
+        )
+    servers = model_servers(directory.config)
     if backend_url is not None:
-        backend = _endpoint(backend_url)
-        if backend is None:
-            raise ConfigError(f"backend_url {backend_url!r} has no host")
         listed = [f"{name} -> {', '.join(urls) or '(no base_url)'}" for name, _, _, urls in servers]
-        servers = [s for s in servers if any(_endpoint(u) == backend for u in s[3])]
+        servers = [s for s in servers if any(same_endpoint(u, backend_url) for u in s[3])]
         if not servers:
             raise ConfigError(
                 f"no NeMo Gym model server sends requests to {backend_url}; rollouts would not "

@@ -26,10 +26,8 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -38,20 +36,20 @@ from typing import Any, Self
 import attrs
 import requests
 
-from nemogym_sdk.errors import ConfigError, NemoGymError
+from nemogym_sdk._http import server_message
+from nemogym_sdk.errors import ConfigError, LoraSyncError, NemoGymError
+from nemogym_sdk.hosts import server_root
 from nemogym_sdk.lora import _adapter
 from nemogym_sdk.lora.probe import (
     ENABLE_RUNTIME_LORA,
     LOAD_ROUTE,
     UNLOAD_ROUTE,
     LoraCapabilities,
-    LoraSyncError,
     probe_lora_support,
     read_models,
     request,
-    server_message,
-    server_root,
 )
+from nemogym_sdk.lora.versions import AdapterVersions
 
 __all__ = ["LoraSync", "SyncRecord"]
 
@@ -130,8 +128,7 @@ class LoraSync:
         """How many versions stay on disk."""
         self.timeout = timeout
         """Seconds per request."""
-        self._versions = self.directory / adapter_name
-        _ensure_writable(self._versions)
+        self._store = AdapterVersions(self.directory / adapter_name)
         self._http = session or requests.Session()
         self._owns_session = session is None
         self._api_key = api_key
@@ -157,7 +154,7 @@ class LoraSync:
     @property
     def versions_dir(self) -> Path:
         """``<directory>/<adapter_name>``, where the version directories live."""
-        return self._versions
+        return self._store.root
 
     @property
     def capabilities(self) -> LoraCapabilities | None:
@@ -166,7 +163,7 @@ class LoraSync:
 
     def version_path(self, version: int) -> Path:
         """The directory of ``version``: ``<directory>/<adapter_name>/v{version:06d}``."""
-        return self._versions / f"v{version:06d}"
+        return self._store.path(version)
 
     def __repr__(self) -> str:
         return (
@@ -250,11 +247,7 @@ class LoraSync:
         root = _root_of(cards, self.adapter_name)
         if root is None:
             return None
-        served = Path(root)
-        match = _VERSION_DIR.fullmatch(served.name)
-        if match is None or os.path.normpath(served.parent) != os.path.normpath(self._versions):
-            return None
-        return int(match.group(1))
+        return self._store.version_of(root)
 
     def close(self) -> None:
         """Close the HTTP session, if this object created it."""
@@ -298,9 +291,8 @@ class LoraSync:
             began = time.perf_counter()
             caps = self._capabilities or self.probe()
             _require_lora(caps)
-            final = self.version_path(version)
             writing = time.perf_counter()
-            _write_version(final, write)
+            final = self._store.write(version, write)
             saved = time.perf_counter()
             inplace = self._load(final, version)
             loaded = time.perf_counter()
@@ -437,16 +429,8 @@ class LoraSync:
 
     def _prune(self, *, keep_also: Path) -> None:
         """Delete version directories except the newest ``keep`` confirmed ones."""
-        kept = (
-            {Path(r.path).name for r in self._history[-(self.keep - 1) :]}
-            if self.keep > 1
-            else set()
-        )
-        kept.add(keep_also.name)
-        for entry in self._versions.iterdir():
-            if _VERSION_DIR.fullmatch(entry.name) and entry.name not in kept and entry.is_dir():
-                shutil.rmtree(entry, ignore_errors=True)
-                logger.debug("pruned %s", entry)
+        recent = self._history[-(self.keep - 1) :] if self.keep > 1 else []
+        self._store.prune({keep_also, *(Path(r.path) for r in recent)})
 
 
 # --- helpers ------------------------------------------------------------------------------
@@ -463,31 +447,3 @@ def _root_of(cards: list[Any], name: str) -> str | None:
             root = card.get("root")
             return str(root) if root is not None else ""
     return None
-
-
-def _ensure_writable(path: Path) -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        handle, check = tempfile.mkstemp(prefix=".write-check-", dir=path)
-        os.close(handle)
-        os.unlink(check)
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot write LoRA adapters under {path}: {exc.strerror or exc}. Pass a directory= "
-            "the trainer can write and the inference server can read."
-        ) from exc
-
-
-def _write_version(final: Path, write: Callable[[Path], str]) -> None:
-    """Write into a temporary sibling, then rename it to ``final`` (replacing a leftover)."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    try:
-        written = Path(write(tmp))
-        os.chmod(written, 0o755)  # mkdtemp makes 0700; the server may run as another user
-        if final.exists():  # a leftover of an earlier run or a failed attempt
-            aside = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
-            final.rename(aside)
-            shutil.rmtree(aside, ignore_errors=True)
-        written.rename(final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

@@ -14,6 +14,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from nemogym_sdk.errors import ConfigError
+
 if TYPE_CHECKING:
     from nemogym_sdk.serve.backend import CausalLMBackend
     from nemogym_sdk.serve.engine import Mode, ServeEngine
@@ -217,11 +219,11 @@ def _engine(args: argparse.Namespace) -> ServeEngine:
         from nemogym_sdk.serve.vllm_backend import VllmBackend
 
         if args.vllm_url is None or args.model is None:
-            raise ValueError(
+            raise ConfigError(
                 "--backend vllm needs --vllm-url and --model (the directory vLLM serves)"
             )
         if args.device is not None:
-            raise ValueError(
+            raise ConfigError(
                 "--device is for --backend transformers; with --backend vllm the vLLM server "
                 "chooses its device"
             )
@@ -235,10 +237,11 @@ def _engine(args: argparse.Namespace) -> ServeEngine:
         # None: the base model keeps vLLM's served name (read from vLLM at start).
         served_model_name = args.served_model_name
     else:
-        from nemogym_sdk.serve.backend import CausalLMBackend, resolve_device
+        from nemogym_sdk.devices import torch_device
+        from nemogym_sdk.serve.backend import CausalLMBackend
         from nemogym_sdk.serve.tiny import TINY_MODEL_NAME
 
-        device = resolve_device(args.device or "cpu")
+        device = torch_device(args.device or "cpu")
         if args.model is None:
             backend = CausalLMBackend.tiny(args.seed, device=device)
             if args.max_model_len is not None:

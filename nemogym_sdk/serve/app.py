@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import attrs
 from aiohttp import web
 
+from nemogym_sdk.hosts import base_url
 from nemogym_sdk.serve.engine import ServeEngine
 from nemogym_sdk.serve.errors import BadRequestError, ServeError, error_body
 
@@ -195,7 +196,7 @@ class RunningServer:
     @property
     def url(self) -> str:
         """``http://host:port`` (the root, where ``/tokenize`` lives)."""
-        return f"http://{self.host}:{self.port}"
+        return base_url(self.host, default_port=self.port)
 
     @property
     def base_url(self) -> str:
@@ -242,7 +243,7 @@ class ServerThread:
     @property
     def url(self) -> str:
         """``http://host:port``."""
-        return f"http://{self.host}:{self.port}"
+        return base_url(self.host, default_port=self.port)
 
     @property
     def base_url(self) -> str:

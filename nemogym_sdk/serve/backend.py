@@ -1,7 +1,7 @@
 """Transformers causal-LM backend: render prompts, sample with logprobs, score forced tokens, LoRA.
 
 Not thread-safe: the HTTP layer runs every call on one worker thread, one request at a time.
-Logprobs follow vLLM's ``--logprobs-mode`` (see `nemogym_sdk.serve.sampling`): ``raw_logprobs``
+Logprobs follow vLLM's ``--logprobs-mode`` (see `nemogym_sdk.logits`): ``raw_logprobs``
 (the default) is the model's log-softmax whatever the sampling parameters; ``processed_logprobs``
 is the log-softmax of the distribution the token was drawn from (temperature, top-k, top-p
 applied), which is what a learner's importance ratio must be compared with.
@@ -12,66 +12,27 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-import re
-import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from nemogym_sdk.errors import ConfigError
+from nemogym_sdk.devices import torch_device
 from nemogym_sdk.serve._deps import require_serve_deps
 
 require_serve_deps()
 
 import torch  # noqa: E402
 
-from nemogym_sdk.serve.errors import BadRequestError, NotFoundError  # noqa: E402
-from nemogym_sdk.serve.interface import Generation  # noqa: E402
-from nemogym_sdk.serve.protocol import SamplingParams, TokenLogprob  # noqa: E402
-from nemogym_sdk.serve.sampling import (  # noqa: E402
-    MASKED_LOGPROB,
-    LogprobsMode,
-    is_greedy,
-    process_logits,
-)
+from nemogym_sdk.logits import is_greedy, process_logits  # noqa: E402
+from nemogym_sdk.serve.errors import BadRequestError  # noqa: E402
+from nemogym_sdk.serve.interface import MASKED_LOGPROB, Generation, LogprobsMode  # noqa: E402
+from nemogym_sdk.serve.lora_adapters import LoraAdapters  # noqa: E402
+from nemogym_sdk.serve.protocol import RequestSampling, TokenLogprob  # noqa: E402
 from nemogym_sdk.serve.template import ChatTemplate, eos_ids_of  # noqa: E402
 
-__all__ = ["DEVICES", "CausalLMBackend", "Generation", "resolve_device"]
+__all__ = ["CausalLMBackend", "Generation"]
 
 logger = logging.getLogger(__name__)
-
-DEVICES = "auto, cpu, cuda or cuda:N"
-"""The device settings `resolve_device` accepts (``auto``: CUDA when torch sees a GPU)."""
-
-
-def resolve_device(spec: str) -> torch.device:
-    """The torch device for ``spec`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``).
-
-    Raises ``ConfigError`` for another spelling, for CUDA when torch has none (saying what to
-    install), and for a GPU index that is not visible.
-    """
-    spec = spec.strip().lower()
-    if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", spec):
-        raise ConfigError(f"device must be one of {DEVICES}, got {spec!r}")
-    device = torch.device(spec)
-    if device.type != "cuda":
-        return device
-    if not torch.cuda.is_available():
-        why = (
-            f"this torch ({torch.__version__}) is a CPU-only build; install a CUDA build "
-            "(e.g. `pip install torch --index-url https://download.pytorch.org/whl/cu128`, "
-            "see https://pytorch.org/get-started/locally/)"
-            if torch.version.cuda is None
-            else f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU; check "
-            "the NVIDIA driver (`nvidia-smi`) and CUDA_VISIBLE_DEVICES"
-        )
-        raise ConfigError(f"device {spec!r} needs CUDA, but {why}; or use device cpu")
-    count = torch.cuda.device_count()
-    if device.index is not None and device.index >= count:
-        raise ConfigError(f"device {spec!r}: torch sees {count} GPU(s), cuda:0 to cuda:{count - 1}")
-    return device
 
 
 class CausalLMBackend:
@@ -87,7 +48,8 @@ class CausalLMBackend:
         device: str | torch.device = "cpu",
     ) -> None:
         """Wrap a loaded ``transformers`` model (eval mode, moved to ``device``) and fast
-        tokenizer; ``device`` is a torch device or a `resolve_device` setting."""
+        tokenizer; ``device`` is a torch device or a device setting
+        (`nemogym_sdk.devices.torch_device`)."""
         generation_config = getattr(model, "generation_config", None)
         self.template = ChatTemplate(
             tokenizer,
@@ -96,10 +58,11 @@ class CausalLMBackend:
         )
         """The tokenizer and chat template: rendering, tokenizing, the prefix splice."""
         self.device: torch.device = (
-            device if isinstance(device, torch.device) else resolve_device(device)
+            device if isinstance(device, torch.device) else torch_device(device)
         )
         """Where the model runs; prompts, sampling and LoRA adapters live there too."""
-        self.model: Any = model.to(self.device).eval()
+        self.lora = LoraAdapters(model.to(self.device).eval())
+        """The named LoRA adapters served on top of the base model."""
         self.tokenizer: Any = tokenizer
         self.name_or_path = name_or_path
         config = model.config
@@ -111,8 +74,6 @@ class CausalLMBackend:
         """Every token id that ends a generation."""
         self.eos_token_id: int = self.template.eos_token_id
         """The EOS a scripted turn ends with (the tokenizer's own)."""
-        self._peft: Any = None
-        self._adapter_paths: dict[str, str] = {}
         forward_params = inspect.signature(type(model).forward).parameters
         # transformers renamed past_key_values -> cache (5.2x); older releases lack logits_to_keep.
         self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
@@ -145,7 +106,7 @@ class CausalLMBackend:
         directory = Path(path)
         if not directory.is_dir():
             raise FileNotFoundError(f"Model directory not found: {directory}")
-        target = device if isinstance(device, torch.device) else resolve_device(device)
+        target = device if isinstance(device, torch.device) else torch_device(device)
         tokenizer = AutoTokenizer.from_pretrained(directory)
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
         return cls(
@@ -275,7 +236,7 @@ class CausalLMBackend:
     def sample(
         self,
         prompt_ids: Sequence[int],
-        params: SamplingParams,
+        params: RequestSampling,
         *,
         seed: int,
         adapter: str | None = None,
@@ -327,7 +288,7 @@ class CausalLMBackend:
         *,
         adapter: str | None = None,
         top_logprobs: int = 0,
-        params: SamplingParams | None = None,
+        params: RequestSampling | None = None,
         logprobs_mode: LogprobsMode = "raw_logprobs",
     ) -> list[TokenLogprob]:
         """Teacher-force ``forced_ids`` after the prompt; return each token's real logprob.
@@ -353,85 +314,34 @@ class CausalLMBackend:
     # ----------------------------------------------------------------- LoRA adapters
 
     @property
+    def model(self) -> Any:
+        """The base model (with LoRA layers while an adapter is loaded)."""
+        return self.lora.module
+
+    @property
     def adapters(self) -> dict[str, str]:
         """Loaded adapters: name -> the path they were loaded from."""
-        return dict(self._adapter_paths)
+        return self.lora.paths
 
-    @contextlib.contextmanager
-    def _active(self, adapter: str | None) -> Iterator[Any]:
-        if adapter is not None and adapter not in self._adapter_paths:
-            raise NotFoundError(f"The model `{adapter}` does not exist.", param="model")
-        if self._peft is None:
-            yield self.model
-        elif adapter is None:
-            with self._peft.disable_adapter():
-                yield self._peft
-        else:
-            self._peft.set_adapter(adapter)
-            yield self._peft
+    def _active(self, adapter: str | None) -> contextlib.AbstractContextManager[Any]:
+        return self.lora.active(adapter)
 
     def load_adapter(self, name: str, path: str, *, replace: bool = False) -> None:
         """Load a PEFT LoRA adapter directory under ``name`` (``replace`` reloads in place)."""
-        require_serve_deps(extra=("peft",))
-        from peft import PeftConfig, PeftModel
-
-        if name in self._adapter_paths and not replace:
-            raise BadRequestError(
-                f"The lora adapter '{name}' has already been loaded. If you want to load the "
-                "adapter in place, set 'load_inplace' to True.",
-                param="lora_name",
-                err_type="InvalidUserInput",
-            )
-        directory = Path(path)
-        if not (directory / "adapter_config.json").is_file():
-            raise NotFoundError(f"No adapter found for {path}", param="lora_path")
-        try:
-            PeftConfig.from_pretrained(str(directory))
-        except Exception as error:  # any parse failure is the caller's bad input
-            raise BadRequestError(f"Invalid LoRA adapter at {path}: {error}") from error
-        if name in self._adapter_paths:
-            self._drop_adapter(name)
-        try:
-            with warnings.catch_warnings():
-                # peft 0.21 calls a transformers API deprecated in 5.x; not actionable here.
-                warnings.filterwarnings("ignore", ".*is_gradient_checkpointing", FutureWarning)
-                if self._peft is None:
-                    self._peft = PeftModel.from_pretrained(
-                        self.model, str(directory), adapter_name=name, is_trainable=False
-                    ).eval()
-                else:
-                    self._peft.load_adapter(str(directory), adapter_name=name, is_trainable=False)
-        except Exception as error:  # PEFT raises many types for bad weights
-            raise BadRequestError(f"Failed to load LoRA adapter '{name}': {error}") from error
-        self._adapter_paths[name] = str(path)
-        logger.info("loaded LoRA adapter %r from %s", name, path)
+        self.lora.load(name, path, replace=replace)
 
     def unload_adapter(self, name: str) -> None:
         """Remove the adapter ``name``; the base model is untouched."""
-        if name not in self._adapter_paths:
-            raise NotFoundError(f"The lora adapter '{name}' cannot be found.", param="lora_name")
-        self._drop_adapter(name)
-        logger.info("unloaded LoRA adapter %r", name)
-
-    def _drop_adapter(self, name: str) -> None:
-        remaining = [other for other in self._adapter_paths if other != name]
-        if not remaining:
-            # PEFT cannot run with zero adapters: strip the LoRA layers, keep the base weights.
-            self.model = self._peft.unload().eval()
-            self._peft = None
-        else:
-            self._peft.set_adapter(remaining[0])  # deleting the active adapter would warn
-            self._peft.delete_adapter(name)
-        del self._adapter_paths[name]
+        self.lora.unload(name)
 
 
-def _process(logits_NV: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def _process(logits_NV: torch.Tensor, params: RequestSampling) -> torch.Tensor:
     return process_logits(
         logits_NV, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p
     )
 
 
-def _pick(processed_V: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+def _pick(processed_V: torch.Tensor, params: RequestSampling, generator: torch.Generator) -> int:
     """Choose the next token: greedy at temperature 0, else a draw from the processed logits."""
     if is_greedy(params.temperature):
         return int(torch.argmax(processed_V))

@@ -14,7 +14,7 @@ Modes:
   is forced, but every token is scored by the model, so the logprobs are genuine.
 
 Logprobs follow ``logprobs_mode`` like vLLM's ``--logprobs-mode``: ``raw_logprobs`` (default) or
-``processed_logprobs`` (after temperature, top-k and top-p; see `nemogym_sdk.serve.sampling`).
+``processed_logprobs`` (after temperature, top-k and top-p; see `nemogym_sdk.logits`).
 
 Backends: `CausalLMBackend` (transformers, in process; both modes; `chat`, called on the HTTP
 layer's worker thread) or `VllmBackend` (a vLLM server; ``sample`` mode only; `chat_async`,
@@ -28,6 +28,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.serve.chat import count_assistant_turns
 from nemogym_sdk.serve.errors import BadRequestError, NotFoundError, ServeError
 from nemogym_sdk.serve.interface import LOGPROBS_MODES, Generation, LogprobsMode, ModelBackend
@@ -82,17 +83,17 @@ class ServeEngine:
         ``recorder`` writes one JSON line per generation: the sampling parameters it used.
         """
         if mode not in ("scripted", "sample"):
-            raise ValueError(f"mode must be 'scripted' or 'sample', got {mode!r}")
+            raise ConfigError(f"mode must be 'scripted' or 'sample', got {mode!r}")
         if logprobs_mode not in LOGPROBS_MODES:
-            raise ValueError(
+            raise ConfigError(
                 f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {logprobs_mode!r}"
             )
         if scripted_tool_turns < 0:
-            raise ValueError("scripted_tool_turns must be >= 0")
+            raise ConfigError("scripted_tool_turns must be >= 0")
         self.proxy: VllmBackend | None = backend if isinstance(backend, VllmBackend) else None
         """The vLLM backend, or ``None`` for the transformers one."""
         if self.proxy is not None and mode != "sample":
-            raise ValueError("the vLLM backend serves mode='sample' only (scripted needs torch)")
+            raise ConfigError("the vLLM backend serves mode='sample' only (scripted needs torch)")
         self.backend: ModelBackend = backend
         self._local = None if isinstance(backend, VllmBackend) else backend
         self.recorder = recorder

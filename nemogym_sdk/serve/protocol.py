@@ -20,7 +20,7 @@ from nemogym_sdk.serve.tools import ToolCall
 __all__ = [
     "ChatRequest",
     "FinishReason",
-    "SamplingParams",
+    "RequestSampling",
     "TokenizeRequest",
     "TokenLogprob",
     "chat_completion_body",
@@ -89,8 +89,14 @@ def _kwargs(body: Mapping[str, Any], key: str) -> dict[str, Any]:
 
 
 @attrs.frozen(kw_only=True)
-class SamplingParams:
-    """How to pick tokens (vLLM semantics; which logprobs are reported is the server's mode)."""
+class RequestSampling:
+    """How the server picks tokens for one chat request (vLLM semantics; which logprobs are
+    reported is the server's mode).
+
+    The model server's side of sampling, parsed from a request body. The trainer's side,
+    what ``AgentClient`` forces onto every row and the learner corrects for, is
+    ``nemogym_sdk.SamplingParams``.
+    """
 
     max_tokens: int | None = None
     """Most tokens to generate; ``None`` = the rest of the context window."""
@@ -110,7 +116,7 @@ class SamplingParams:
     """Keep generating past EOS."""
 
     @classmethod
-    def from_json(cls, body: Mapping[str, Any]) -> SamplingParams:
+    def from_json(cls, body: Mapping[str, Any]) -> RequestSampling:
         """Parse the sampling fields of a chat completion request body."""
         max_tokens = _opt_int(body, "max_completion_tokens")
         if max_tokens is None:
@@ -156,7 +162,7 @@ class ChatRequest:
     """Chat-format tools, or ``None``."""
     tool_choice: Any
     """``"auto"``, ``"none"``, ``"required"`` or a named function; ``None`` = auto."""
-    sampling: SamplingParams
+    sampling: RequestSampling
     """Sampling parameters."""
     logprobs: bool
     """Return ``choices[0].logprobs``."""
@@ -200,7 +206,7 @@ class ChatRequest:
             messages=_messages(body),
             tools=_tools(body),
             tool_choice=body.get("tool_choice"),
-            sampling=SamplingParams.from_json(body),
+            sampling=RequestSampling.from_json(body),
             logprobs=_flag(body, "logprobs", False),
             top_logprobs=top_logprobs,
             return_tokens_as_token_ids=_flag(body, "return_tokens_as_token_ids", False),

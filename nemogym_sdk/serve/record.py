@@ -28,7 +28,7 @@ from typing import IO
 import attrs
 import orjson
 
-from nemogym_sdk.serve.protocol import SamplingParams
+from nemogym_sdk.serve.protocol import RequestSampling
 
 __all__ = ["SamplingRecorder", "read_records", "turn_key"]
 
@@ -60,7 +60,7 @@ class SamplingRecorder:
         backend: str,
         mode: str,
         logprobs_mode: str,
-        params: SamplingParams,
+        params: RequestSampling,
         seed: int | None,
         prompt_ids: Sequence[int],
         generation_ids: Sequence[int],

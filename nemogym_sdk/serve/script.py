@@ -34,6 +34,8 @@ from typing import Any
 
 import attrs
 
+from nemogym_sdk.errors import ConfigError
+
 __all__ = ["DEFAULT_SCRIPTED_ANSWER", "Script", "ScriptRule", "message_text"]
 
 DEFAULT_SCRIPTED_ANSWER = "I have everything I need. Done."
@@ -78,19 +80,19 @@ class Script:
         """Build from ``{"default": str, "rules": [{"match": regex, "last_role": role,
         "answer": str}, ...]}`` (see the module docstring).
 
-        Both keys are optional. ``ValueError`` names the entry that is wrong.
+        Both keys are optional. ``ConfigError`` (a ``ValueError``) names the entry that is wrong.
         """
         if not isinstance(data, Mapping):
-            raise ValueError(f"{where}: expected a JSON object, got {type(data).__name__}")
+            raise ConfigError(f"{where}: expected a JSON object, got {type(data).__name__}")
         unknown = sorted(set(data) - {"default", "rules"})
         if unknown:
-            raise ValueError(f"{where}: unknown keys {unknown}; expected 'default' and 'rules'")
+            raise ConfigError(f"{where}: unknown keys {unknown}; expected 'default' and 'rules'")
         default = data.get("default", DEFAULT_SCRIPTED_ANSWER)
         if not isinstance(default, str):
-            raise ValueError(f"{where}: 'default' must be a string")
+            raise ConfigError(f"{where}: 'default' must be a string")
         rules = data.get("rules", [])
         if not isinstance(rules, list):
-            raise ValueError(f"{where}: 'rules' must be a list")
+            raise ConfigError(f"{where}: 'rules' must be a list")
         return cls(default=default, rules=tuple(_rules(rules, where)))
 
     @classmethod
@@ -100,7 +102,7 @@ class Script:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as error:
-            raise ValueError(f"{path}: not valid JSON: {error}") from None
+            raise ConfigError(f"{path}: not valid JSON: {error}") from None
         return cls.from_json(data, where=str(path))
 
 
@@ -116,17 +118,17 @@ def _rules(entries: Iterable[Any], where: str) -> Iterable[ScriptRule]:
             or not set(entry) & {"match", "last_role"}
             or set(entry) - _RULE_KEYS
         ):
-            raise ValueError(
+            raise ConfigError(
                 f"{here} must be an object with 'answer' and 'match', 'last_role' or both"
             )
         if not all(isinstance(value, str) for value in entry.values()):
-            raise ValueError(f"{here}: {', '.join(map(repr, entry))} must be strings")
+            raise ConfigError(f"{here}: {', '.join(map(repr, entry))} must be strings")
         pattern = None
         if "match" in entry:
             try:
                 pattern = re.compile(entry["match"])
             except re.error as error:
-                raise ValueError(f"{here}: 'match' is not a valid regex: {error}") from None
+                raise ConfigError(f"{here}: 'match' is not a valid regex: {error}") from None
         yield ScriptRule(answer=entry["answer"], pattern=pattern, last_role=entry.get("last_role"))
 
 

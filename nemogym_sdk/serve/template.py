@@ -14,6 +14,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
+from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.serve.chat import build_prompt_ids
 from nemogym_sdk.serve.errors import BadRequestError
 
@@ -37,9 +38,9 @@ class ChatTemplate:
     def __init__(self, tokenizer: Any, *, eos_token_ids: Collection[int], name: str) -> None:
         """Wrap ``tokenizer``; ``eos_token_ids`` must not be empty."""
         if getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError(f"The tokenizer of {name} has no chat template.")
+            raise ConfigError(f"The tokenizer of {name} has no chat template.")
         if not eos_token_ids:
-            raise ValueError(f"{name} defines no EOS token id.")
+            raise ConfigError(f"{name} defines no EOS token id.")
         self.tokenizer: Any = tokenizer
         self.eos_token_ids: frozenset[int] = frozenset(eos_token_ids)
         """Every token id that ends a generation."""

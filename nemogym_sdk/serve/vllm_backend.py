@@ -19,14 +19,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
+import requests
 
+from nemogym_sdk._ready import answered, poll_ready
+from nemogym_sdk.hosts import openai_url, server_root
 from nemogym_sdk.serve.errors import (
     BadGatewayError,
     BadRequestError,
@@ -35,7 +37,7 @@ from nemogym_sdk.serve.errors import (
     UpstreamUnavailableError,
 )
 from nemogym_sdk.serve.interface import MASKED_LOGPROB, Generation, LogprobsMode
-from nemogym_sdk.serve.protocol import SamplingParams, TokenLogprob
+from nemogym_sdk.serve.protocol import RequestSampling, TokenLogprob
 from nemogym_sdk.serve.template import ChatTemplate
 
 __all__ = ["VllmBackend", "completion_request", "parse_completion"]
@@ -49,7 +51,7 @@ _SAME_LOGPROB = 1e-3
 
 def completion_request(
     prompt_ids: Sequence[int],
-    params: SamplingParams,
+    params: RequestSampling,
     *,
     model: str,
     seed: int | None,
@@ -213,9 +215,8 @@ class VllmBackend:
             connect_wait: seconds `start` waits for vLLM to answer ``/v1/models``.
             api_key: sent as ``Authorization: Bearer`` if vLLM was started with ``--api-key``.
         """
-        base = vllm_url.rstrip("/")
-        self.vllm_url = base if base.endswith("/v1") else f"{base}/v1"
-        self.root_url = self.vllm_url[: -len("/v1")]
+        self.root_url = server_root(vllm_url)
+        self.vllm_url = openai_url(vllm_url)
         self.template = template
         self.tokenizer: Any = template.tokenizer
         self.name_or_path = name_or_path
@@ -280,15 +281,8 @@ class VllmBackend:
                 headers=self._headers,
                 json_serialize=lambda obj: orjson.dumps(obj).decode(),
             )
-        deadline = time.monotonic() + self.connect_wait
-        while True:
-            try:
-                status, raw, _ = await self.forward("GET", "/v1/models")
-                break
-            except UpstreamUnavailableError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.5)
+        await asyncio.to_thread(self._wait_answering)
+        status, raw, _ = await self.forward("GET", "/v1/models")
         if status != 200:
             message, err_type, param = _error_message(status, raw)
             raise UpstreamError(message, status=status, err_type=err_type, param=param)
@@ -306,6 +300,20 @@ class VllmBackend:
             self.vllm_model_name,
             self.max_model_len,
         )
+
+    def _wait_answering(self) -> None:
+        """Block until vLLM answers ``GET /v1/models`` at all (the SDK's one poller)."""
+        url = f"{self.vllm_url}/models"
+        with requests.Session() as session:
+            session.trust_env = False
+            pending = poll_ready(
+                {"vLLM": url}, timeout=self.connect_wait, session=session, ready=answered
+            )
+        if pending:
+            raise UpstreamUnavailableError(
+                f"The vLLM server at {self.vllm_url} did not answer within "
+                f"{self.connect_wait:g} s ({pending['vLLM']})."
+            )
 
     async def close(self) -> None:
         """Close the HTTP session."""
@@ -363,7 +371,7 @@ class VllmBackend:
             return self.vllm_model_name
         return requested
 
-    def max_tokens(self, prompt_ids: Sequence[int], params: SamplingParams) -> int:
+    def max_tokens(self, prompt_ids: Sequence[int], params: RequestSampling) -> int:
         """The token budget (vLLM's completions default is 16 tokens, chat's the context)."""
         if params.max_tokens is not None:
             return params.max_tokens
@@ -380,7 +388,7 @@ class VllmBackend:
     async def generate(
         self,
         prompt_ids: Sequence[int],
-        params: SamplingParams,
+        params: RequestSampling,
         *,
         model: str,
         seed: int | None,

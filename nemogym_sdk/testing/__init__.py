@@ -3,13 +3,15 @@
 Install with ``pip install nemogym-sdk[testing]`` (it brings Hypothesis). Nothing here is
 imported by ``import nemogym_sdk``.
 
-- Strategies with ground truth: ``episodes()`` (well-formed or drifting ``/run`` results
-  and the exact sample each must give), ``drifted_episodes()``, ``failures()`` (failure
-  shapes and their ``RolloutStatus``), ``mangled_responses()``, ``json_values()``,
-  ``raw_responses()``; ``rollouts()``, ``reward_groups()``, ``grouped_rollouts()`` for
-  collation and GRPO code.
-- Property checks for any ``response -> sample`` function: ``Parser``, ``check_all`` and
-  the single ``check_*`` functions (``nemogym_sdk.testing.checks``).
+- Strategies with ground truth: ``episodes()`` (well-formed or drifting ``/run`` results,
+  float or integer rewards, and the exact sample each must give), ``drifted_episodes()``,
+  ``failures()`` (failure shapes and their ``RolloutStatus``), ``mangled_responses()``,
+  ``json_values()``, ``raw_responses()``; ``rollouts()``, ``reward_groups()``,
+  ``grouped_rollouts()`` for collation and GRPO code.
+- Property checks for any ``response -> sample`` function: ``Parser``, ``check_all``,
+  ``find_failures`` and the single checks in ``CHECKS`` (``nemogym_sdk.testing.checks``),
+  each testing one property so that one failure cannot hide another;
+  ``Parser.differences`` declares what a parser does differently on purpose.
 - A fake NeMo Gym agent on loopback with a fault plan: ``fake_agent()``
   (``nemogym_sdk.testing.fake_agent``), and a pytest fixture: add
   ``pytest_plugins = ["nemogym_sdk.testing.pytest_plugin"]`` to a ``conftest.py``.
@@ -41,13 +43,18 @@ from nemogym_sdk.testing.checks import (
     check_drift_rejected,
     check_env_tokens_not_trained,
     check_failures_not_trained,
+    check_logprob_count_mismatch_not_trained,
     check_logprobs,
     check_never_crashes,
+    check_num_turns,
+    check_policy_tokens_trained,
+    check_reward,
     check_stitching,
     find_failures,
 )
 from nemogym_sdk.testing.episodes import (
     DRIFT_KINDS,
+    JSON_REWARDS,
     LOGPROBS,
     REWARDS,
     TOKENS,
@@ -55,7 +62,7 @@ from nemogym_sdk.testing.episodes import (
     drifted_episodes,
     episodes,
 )
-from nemogym_sdk.testing.fake_agent import FakeAgent, Fault, Script, always, burst, fake_agent
+from nemogym_sdk.testing.fake_agent import FakeAgent, Fault, FaultScript, always, burst, fake_agent
 from nemogym_sdk.testing.parsers import (
     Parser,
     PropertyCheckError,
@@ -81,6 +88,7 @@ __all__ = [
     "FAILED_STATUSES",
     "FAILURE_KINDS",
     "GRID_REWARDS",
+    "JSON_REWARDS",
     "LOGPROBS",
     "REWARDS",
     "TOKENS",
@@ -92,15 +100,19 @@ __all__ = [
     "PropertyCheckError",
     "RewardGroups",
     "Sample",
-    "Script",
+    "FaultScript",
     "always",
     "burst",
     "check_all",
     "check_drift_rejected",
     "check_env_tokens_not_trained",
     "check_failures_not_trained",
+    "check_logprob_count_mismatch_not_trained",
     "check_logprobs",
     "check_never_crashes",
+    "check_num_turns",
+    "check_policy_tokens_trained",
+    "check_reward",
     "check_stitching",
     "drifted_episodes",
     "episodes",

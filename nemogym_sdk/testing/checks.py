@@ -1,48 +1,62 @@
 """Ready-made property checks for any NeMo Gym parser (``/run`` result -> training sample).
 
 Point a check at a parser through a ``Parser``: the function to test and an adapter
-that turns its output into ``Sample`` records (``seed_dict_samples`` for the seed's dict
-shape axolotl's parser returns, ``rollout_samples`` for this SDK's ``Rollout``). Each
-check runs Hypothesis over generated ``/run`` results and raises ``PropertyCheckError``
-(an ``AssertionError``) carrying the shrunk counterexample::
+that turns its output into ``Sample`` records (the default, ``seed_dict_samples``, reads
+the seed's dict that axolotl's parser returns; ``rollout_samples`` reads this SDK's
+``Rollout``). Each check runs Hypothesis over generated ``/run`` results and raises
+``PropertyCheckError`` (an ``AssertionError``) carrying the shrunk counterexample::
 
     from nemogym_sdk.testing import Parser, check_all
 
-    check_all(Parser(parse=my_parse, samples=my_adapter, name="mine"))
+    check_all(Parser(parse=lambda response: my_parse(response, EOS), name="mine"))
 
-The properties:
+Every check tests one property, so one failure cannot hide another: ``check_all`` and
+``find_failures`` run each of ``CHECKS`` on its own and report every one that fails.
 
-- ``check_stitching``: a well-formed episode becomes one trainable sample whose prompt +
-  completion reproduces every turn's prompt and generation, token for token.
-- ``check_logprobs``: every trained token carries its own sampled logprob; a turn whose
-  logprob count differs from its token count is never trained (no padding, no cutting).
-- ``check_env_tokens_not_trained``: tool outputs and template glue are never trained.
-- ``check_drift_rejected``: a history that drifted is rejected, marked, or split at the
-  drift, never stitched silently into a misaligned sample.
-- ``check_failures_not_trained``: agent errors, empty output, missing token ids and
-  ``mask_sample`` give no trainable sample.
-- ``check_never_crashes``: malformed JSON of any shape (dicts, or bytes when the parser
-  takes bytes) never raises anything but a declared rejection.
+Ground truth on well-formed episodes, one field of the expected sample each:
+
+- ``stitching``: one trainable sample whose prompt + completion reproduces every turn's
+  prompt and generation, token for token.
+- ``env_tokens_not_trained``: no tool output, template glue or prompt token is trained.
+- ``policy_tokens_trained``: every generated token is trained.
+- ``logprobs``: each trained token carries the logprob it was sampled with.
+- ``reward``: the sample's reward is the episode's (integer JSON rewards included).
+- ``num_turns``: the sample reports the episode's number of model turns.
+
+Inputs that must not be trained as they are:
+
+- ``logprob_count_mismatch_not_trained``: a turn whose logprob count differs from its
+  token count (short, long, absent) is never trained: no padding, no cutting.
+- ``drift_rejected[retokenized|stripped|rerendered]``: a history that drifted is
+  rejected, marked, or split at the drift, never stitched across it.
+- ``failures_not_trained[agent_error|empty_output|no_answer|no_token_ids|mask_sample]``:
+  each failure shape gives no trainable sample.
+- ``never_crashes[dicts]`` and ``never_crashes[bytes]`` (when ``Parser.takes_bytes``):
+  malformed input never raises anything but a declared rejection; the failure shows it.
+
+A parser that differs from a check on purpose says so in ``Parser.differences`` (check
+name, or a family such as ``"failures_not_trained"``, -> why); those checks are left out
+and all the others still run. The checks never run under a Hypothesis deadline (a slow
+machine must not fail a correctness check), whatever ``settings=`` says.
 """
 
 from __future__ import annotations
 
-import json
-import math
-from collections.abc import Callable, Mapping, Sequence
+import logging
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
 import hypothesis
-from hypothesis import given
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
-from nemogym_sdk.testing.episodes import Episode, episodes
-from nemogym_sdk.testing.parsers import Parser, PropertyCheckError, Sample
+from nemogym_sdk.errors import ConfigError
+from nemogym_sdk.testing import properties
+from nemogym_sdk.testing.episodes import DRIFT_KINDS, drifted_episodes, episodes
+from nemogym_sdk.testing.parsers import Parser, PropertyCheckError
 from nemogym_sdk.testing.responses import (
     FAILURE_KINDS,
-    FailureCase,
-    FailureKind,
     failures,
     json_values,
     mangled_responses,
@@ -55,365 +69,267 @@ __all__ = [
     "check_drift_rejected",
     "check_env_tokens_not_trained",
     "check_failures_not_trained",
+    "check_logprob_count_mismatch_not_trained",
     "check_logprobs",
     "check_never_crashes",
+    "check_num_turns",
+    "check_policy_tokens_trained",
+    "check_reward",
     "check_stitching",
     "find_failures",
 ]
 
-
-def _run(parser: Parser, response: Any) -> list[Sample] | None:
-    """The parser's samples, or ``None`` when it rejected the input on purpose."""
-    try:
-        output = parser.parse(response)
-    except parser.rejects:
-        return None
-    except Exception as exc:
-        raise AssertionError(f"parsing raised {type(exc).__name__}: {exc}") from exc
-    try:
-        samples = list(parser.samples(output))
-    except Exception as exc:
-        raise AssertionError(
-            f"the output cannot be read as samples ({type(exc).__name__}: {exc}): {output!r}"
-        ) from exc
-    for sample in samples:
-        n = len(sample.completion_ids)
-        if len(sample.train_mask) != n or len(sample.logprobs) != n:
-            raise AssertionError(
-                f"array lengths disagree (completion {n}, mask {len(sample.train_mask)}, "
-                f"logprobs {len(sample.logprobs)}): {sample.describe()}"
-            )
-        if not set(sample.train_mask) <= {0, 1}:
-            raise AssertionError(f"the mask is not 0/1: {sample.describe()}")
-    return samples
-
-
-def _trainable(samples: list[Sample] | None) -> list[Sample]:
-    return [s for s in samples or [] if s.trainable]
-
-
-def _show(samples: Sequence[Sample]) -> str:
-    return "\n".join(f"  sample {i}: {s.describe()}" for i, s in enumerate(samples)) or "  none"
-
-
-def _property(
-    name: str, strategy: st.SearchStrategy[Any], body: Callable[[Parser, Any], None], doc: str
-) -> Callable[..., None]:
-    """Make ``check_<name>``: run ``body`` over ``strategy`` and raise ``PropertyCheckError``
-    with the shrunk counterexample (Hypothesis replays the minimal one last)."""
-
-    def check(parser: Parser, *, settings: hypothesis.settings | None = None) -> None:
-        failing: list[tuple[Any, str]] = []
-
-        def run(value: Any) -> None:
-            try:
-                body(parser, value)
-            except AssertionError as exc:
-                failing.append((value, str(exc)))
-                raise
-
-        # a name of its own: Hypothesis keys its example database by the test's name
-        run.__name__ = run.__qualname__ = f"check_{name}"
-        test = given(strategy)(run)
-        test = hypothesis.settings(
-            settings or hypothesis.settings(deadline=None), report_multiple_bugs=False
-        )(test)
-        try:
-            test()
-        except AssertionError as exc:
-            if not failing:
-                raise
-            value, message = failing[-1]
-            raise PropertyCheckError(name, parser.name, message, value) from exc
-
-    check.__name__ = check.__qualname__ = f"check_{name}"
-    check.__doc__ = doc + "\n\nRaises ``PropertyCheckError`` with the shrunk counterexample."
-    return check
-
-
-# --- the properties -----------------------------------------------------------------------
-
-
-def _stitching(parser: Parser, episode: Episode) -> None:
-    samples = _run(parser, episode.response)
-    trainable = _trainable(samples)
-    drawn = episode.describe()
-    if len(trainable) != 1:
-        raise AssertionError(
-            f"a well-formed episode gave {len(trainable)} trainable samples, not 1\n"
-            f"{drawn}\n{_show(samples or [])}"
-        )
-    (sample,) = trainable
-    stitched = list(sample.prompt_ids + sample.completion_ids)
-    position = len(sample.prompt_ids)
-    if list(sample.prompt_ids) != list(episode.prompts[0]):
-        raise AssertionError(f"the prompt is not turn 0's prompt\n{drawn}\n{_show([sample])}")
-    for turn, (prompt, generation) in enumerate(
-        zip(episode.prompts, episode.generations, strict=True)
-    ):
-        if stitched[: len(prompt)] != list(prompt):
-            raise AssertionError(
-                f"prompt + completion does not reproduce turn {turn}'s prompt\n"
-                f"{drawn}\n{_show([sample])}"
-            )
-        position = len(prompt) + len(generation)
-        if stitched[len(prompt) : position] != list(generation):
-            raise AssertionError(
-                f"turn {turn}'s generation does not follow its prompt\n{drawn}\n{_show([sample])}"
-            )
-    if len(stitched) != position:
-        raise AssertionError(
-            f"the sample has {len(stitched) - position} tokens after the last generation\n"
-            f"{drawn}\n{_show([sample])}"
-        )
-
+logger = logging.getLogger(__name__)
 
 _NEGATIVE = st.floats(min_value=-30.0, max_value=-1 / 64, allow_nan=False)
+"""Logprobs below zero, so a padded 0.0 stands out."""
 
 
-@st.composite
-def _logprob_cases(draw: st.DrawFn) -> tuple[Episode, dict[str, Any], int | None]:
-    """An episode (drifting or not, logprobs < 0 so a padded 0.0 stands out) and its
-    response, in which one turn's logprob count is sometimes wrong."""
-    episode = draw(episodes(drift=True, max_turns=4, logprobs=_NEGATIVE))
-    response = json.loads(json.dumps(episode.response))
-    if not draw(st.booleans()):
-        return episode, response, None
-    turn = draw(st.integers(0, episode.num_turns - 1))
-    items = [i for i in response["response"]["output"] if "generation_token_ids" in i]
-    lps = items[turn]["generation_log_probs"]
-    if draw(st.booleans()):
-        items[turn]["generation_log_probs"] = lps[: draw(st.integers(0, len(lps) - 1))]
-    else:
-        items[turn]["generation_log_probs"] = [*lps, -draw(st.integers(1, 30)) / 8]
-    return episode, response, turn
+@attrs.frozen(kw_only=True)
+class _Check:
+    """One property under Hypothesis."""
+
+    name: str
+    """The key in ``CHECKS`` (``family[member]`` for a member of a family)."""
+    strategy: st.SearchStrategy[Any]
+    body: Callable[[Parser, Any], None]
+    share: int = 1
+    """The family's size: each member runs ``max_examples // share`` examples (at least
+    ``_MIN_EXAMPLES``), so that every member is tried even in a short run (drawn from one
+    strategy, Hypothesis favours some kinds and a 100-example run could miss one)."""
+    applies: Callable[[Parser], bool] = lambda parser: True
+
+    @property
+    def family(self) -> str:
+        """The name before ``[``."""
+        return self.name.split("[", 1)[0]
 
 
-def _whole_turns(
-    pairs: list[tuple[int, float]], blocks: list[list[tuple[int, float]] | None]
-) -> bool:
-    """Whether ``pairs`` is a concatenation of some of ``blocks`` in order (``None``: a
-    block that can never be used)."""
-    reachable = {0}
-    for block in blocks:
-        if block is None:
-            continue
-        reachable |= {
-            start + len(block) for start in reachable if pairs[start : start + len(block)] == block
-        }
-    return len(pairs) in reachable
+def _well_formed(name: str, body: Callable[[Parser, Any], None], **options: Any) -> _Check:
+    return _Check(name=name, strategy=episodes(**({"max_turns": 4} | options)), body=body)
 
 
-def _logprobs(parser: Parser, case: tuple[Episode, dict[str, Any], int | None]) -> None:
-    episode, response, broken = case
-    samples = _run(parser, response)
-    pairs = [pair for sample in _trainable(samples) for pair in sample.trained()]
-    blocks: list[list[tuple[int, float]] | None] = [
-        None if turn == broken else list(zip(gen, lps, strict=True))
-        for turn, (gen, lps) in enumerate(zip(episode.generations, episode.logprobs, strict=True))
-    ]
-    sent = (
-        ""
-        if broken is None
-        else (
-            f"\nturn {broken} was sent {len(_sent_logprobs(response, broken))} logprobs for "
-            f"{len(episode.generations[broken])} tokens: {_sent_logprobs(response, broken)}"
+_FAILURE_KINDS = tuple(k for k in FAILURE_KINDS if k != "logprob_count_mismatch")
+_ALL: tuple[_Check, ...] = (
+    _well_formed("stitching", properties.stitching),
+    _well_formed("env_tokens_not_trained", properties.env_tokens_not_trained),
+    _well_formed("policy_tokens_trained", properties.policy_tokens_trained),
+    _well_formed("logprobs", properties.logprobs, logprobs=_NEGATIVE),
+    _well_formed("reward", properties.reward, max_turns=3),
+    _well_formed("num_turns", properties.num_turns),
+    _Check(
+        name="logprob_count_mismatch_not_trained",
+        strategy=failures(kinds=("logprob_count_mismatch",)),
+        body=properties.logprob_count_mismatch_not_trained,
+    ),
+    *(
+        _Check(
+            name=f"drift_rejected[{kind}]",
+            strategy=drifted_episodes(drift_kinds=(kind,)),
+            body=properties.drift_rejected,
+            share=len(DRIFT_KINDS),
         )
-    )
-    if not _whole_turns(pairs, blocks):
-        raise AssertionError(
-            "trained tokens do not carry their own logprobs (whole turns, as sampled)\n"
-            f"{episode.describe()}{sent}\ntrained (token, logprob): {pairs}\n{_show(samples or [])}"
+        for kind in DRIFT_KINDS
+    ),
+    *(
+        _Check(
+            name=f"failures_not_trained[{kind}]",
+            strategy=failures(kinds=(kind,)),
+            body=properties.failures_not_trained,
+            share=len(_FAILURE_KINDS),
         )
-    if broken is None and not episode.drift_turns:
-        expected = [pair for block in blocks for pair in block or []]
-        if pairs != expected:
-            raise AssertionError(
-                f"a well-formed episode trains {pairs}, not every turn's {expected}\n"
-                f"{episode.describe()}\n{_show(samples or [])}"
-            )
-
-
-def _sent_logprobs(response: Mapping[str, Any], turn: int) -> list[float]:
-    """``generation_log_probs`` of model turn ``turn`` of ``response``."""
-    items = [i for i in response["response"]["output"] if "generation_token_ids" in i]
-    return list(items[turn]["generation_log_probs"])
-
-
-def _env_tokens(parser: Parser, episode: Episode) -> None:
-    samples = _run(parser, episode.response)
-    generated = [t for generation in episode.generations for t in generation]
-    for sample in _trainable(samples):
-        trained = [t for t, _ in sample.trained()]
-        if trained != generated[: len(trained)] or len(trained) not in _turn_ends(episode):
-            raise AssertionError(
-                f"trained tokens {trained} are not the generated ones {generated}: an "
-                f"environment or prompt token is trained\n{episode.describe()}\n{_show([sample])}"
-            )
-
-
-def _turn_ends(episode: Episode) -> set[int]:
-    ends, total = {0}, 0
-    for generation in episode.generations:
-        total += len(generation)
-        ends.add(total)
-    return ends
-
-
-def _drift(parser: Parser, episode: Episode) -> None:
-    samples = _run(parser, episode.response)
-    if samples is None:
-        return
-    allowed = []
-    for group in episode.segments():
-        for start in range(len(group)):
-            for stop in range(start + 1, len(group) + 1):
-                allowed.append(episode.expected_sample(group[start:stop]))
-    for sample in _trainable(samples):
-        seen = {
-            "prompt_ids": list(sample.prompt_ids),
-            "completion_ids": list(sample.completion_ids),
-            "env_mask": list(sample.train_mask),
-            "logprobs": list(sample.logprobs),
-        }
-        if seen not in allowed:
-            raise AssertionError(
-                "a drifting history was stitched into a trainable sample that is not a "
-                "drift-free run of turns (the policy would be trained on context it never "
-                f"saw)\n{episode.describe()}\n{_show([sample])}"
-            )
-
-
-def _failures(parser: Parser, case: FailureCase) -> None:
-    samples = _run(parser, case.response)
-    if _trainable(samples):
-        raise AssertionError(
-            f"a failure ({case.kind}) gave a trainable sample\n{case.describe()}\n"
-            f"{_show(samples or [])}"
-        )
-
-
-def _crash(parser: Parser, value: Any) -> None:
-    responses: list[Any] = [value]
-    if parser.takes_bytes:
-        responses.append(json.dumps(value).encode())
-    for response in responses:
-        for sample in _trainable(_run(parser, response)):
-            if not math.isfinite(sample.reward) or not all(map(math.isfinite, sample.logprobs)):
-                raise AssertionError(f"a trainable sample is not finite: {sample.describe()}")
-
-
-def _crash_bytes(parser: Parser, raw: bytes) -> None:
-    if parser.takes_bytes:
-        _crash(attrs.evolve(parser, takes_bytes=False), raw)
-
-
-check_stitching = _property(
-    "stitching",
-    episodes(max_turns=5),
-    _stitching,
-    "A well-formed episode becomes one trainable sample whose prompt + completion "
-    "reproduces every turn's prompt and generation.",
+        for kind in _FAILURE_KINDS
+    ),
+    _Check(
+        name="never_crashes[dicts]",
+        strategy=mangled_responses() | json_values(),
+        body=properties.never_crashes,
+    ),
+    _Check(
+        name="never_crashes[bytes]",
+        strategy=raw_responses(),
+        body=properties.never_crashes_bytes,
+        applies=lambda parser: parser.takes_bytes,
+    ),
 )
-check_logprobs = _property(
-    "logprobs",
-    _logprob_cases(),
-    _logprobs,
-    "Trained tokens carry their own sampled logprobs, whole turns at a time; a turn whose "
-    "logprob count differs from its token count is never trained.",
-)
-check_env_tokens_not_trained = _property(
-    "env_tokens_not_trained",
-    episodes(max_turns=5),
-    _env_tokens,
-    "Only generated tokens are trained: tool outputs and template glue never are.",
-)
-check_drift_rejected = _property(
-    "drift_rejected",
-    episodes(drift=True, min_turns=2),
-    _drift,
-    "Every trainable sample of a drifting episode is a drift-free run of its turns "
-    "(rejected, marked or forked, never stitched across the drift).",
-)
-
-
-def _each_kind(
-    name: str,
-    kinds: tuple[FailureKind, ...],
-    body: Callable[[Parser, Any], None],
-    doc: str,
-) -> Callable[..., None]:
-    """Make ``check_<name>`` over every failure kind in turn, each with an equal share of
-    the examples: drawn from all kinds at once, Hypothesis favours the first ones, and a
-    100-example run could miss a kind that always fails (``mask_sample``) altogether."""
-    checks = [_property(name, failures(kinds=(kind,)), body, doc) for kind in kinds]
-
-    def check(parser: Parser, *, settings: hypothesis.settings | None = None) -> None:
-        base = settings or hypothesis.settings(deadline=None)
-        share = hypothesis.settings(base, max_examples=max(1, base.max_examples // len(kinds)))
-        for each in checks:
-            each(parser, settings=share)
-
-    check.__name__ = check.__qualname__ = f"check_{name}"
-    check.__doc__ = checks[0].__doc__
-    return check
-
-
-check_failures_not_trained = _each_kind(
-    "failures_not_trained",
-    tuple(k for k in FAILURE_KINDS if k != "logprob_count_mismatch"),
-    _failures,
-    "Agent errors, empty output, output without an answer, missing token ids and "
-    "mask_sample give no trainable sample.",
-)
-_check_mangled = _property(
-    "never_crashes",
-    mangled_responses() | json_values(),
-    _crash,
-    "Malformed dicts never crash the parser.",
-)
-_check_raw = _property(
-    "never_crashes", raw_responses(), _crash_bytes, "Raw bytes never crash the parser."
-)
-
-
-def check_never_crashes(parser: Parser, *, settings: hypothesis.settings | None = None) -> None:
-    """Malformed ``/run`` results (and raw bytes, when the parser takes bytes) never raise
-    anything but a declared rejection, and give consistent, finite samples."""
-    _check_mangled(parser, settings=settings)
-    if parser.takes_bytes:
-        _check_raw(parser, settings=settings)
-
-
-CHECKS: dict[str, Callable[..., None]] = {
-    "stitching": check_stitching,
-    "logprobs": check_logprobs,
-    "env_tokens_not_trained": check_env_tokens_not_trained,
-    "drift_rejected": check_drift_rejected,
-    "failures_not_trained": check_failures_not_trained,
-    "never_crashes": check_never_crashes,
+_BY_NAME = {check.name: check for check in _ALL}
+_FAMILIES: dict[str, tuple[str, ...]] = {
+    family: tuple(check.name for check in _ALL if check.family == family)
+    for family in dict.fromkeys(check.family for check in _ALL if check.family != check.name)
 }
-"""Every check by name, in the order ``check_all`` runs them."""
+"""Family name -> its members, in order."""
+
+
+_MIN_EXAMPLES = 25
+"""The fewest examples a member of a family runs (unless ``max_examples`` is lower)."""
+
+
+def _settings(user: hypothesis.settings | None, share: int) -> hypothesis.settings:
+    """``user`` (or the active profile) with no deadline, the too-slow health check off,
+    one bug reported, and a family member's share of the examples."""
+    base = user if user is not None else hypothesis.settings.default
+    assert base is not None  # a profile is always loaded
+    examples = max(min(base.max_examples, _MIN_EXAMPLES), base.max_examples // share)
+    return hypothesis.settings(
+        base,
+        deadline=None,
+        report_multiple_bugs=False,
+        max_examples=examples,
+        suppress_health_check=[*base.suppress_health_check, HealthCheck.too_slow],
+    )
+
+
+def _run(check: _Check, parser: Parser, settings: hypothesis.settings | None) -> None:
+    """Run ``check`` under Hypothesis; raise ``PropertyCheckError`` with the shrunk
+    counterexample (Hypothesis replays the minimal one last)."""
+    failing: list[tuple[Any, str]] = []
+
+    def run(value: Any) -> None:
+        try:
+            check.body(parser, value)
+        except AssertionError as exc:
+            failing.append((value, str(exc)))
+            raise
+
+    # a name of its own: Hypothesis keys its example database by the test's name
+    ident = check.name.replace("[", "__").replace("]", "")
+    run.__name__ = run.__qualname__ = f"check_{ident}"
+    test = hypothesis.settings(_settings(settings, check.share))(given(check.strategy)(run))
+    try:
+        test()
+    except AssertionError as exc:
+        if not failing:
+            raise
+        value, message = failing[-1]
+        raise PropertyCheckError(check.name, parser.name, message, value) from exc
+
+
+def _declared(parser: Parser) -> dict[str, str]:
+    """``parser.differences`` by check name (a family stands for each of its members);
+    a name that is no check, or a difference without a reason, is a ``ConfigError``."""
+    found: dict[str, str] = {}
+    for name, why in parser.differences.items():
+        if not isinstance(why, str) or not why.strip():
+            raise ConfigError(f"{parser.name}: say why it differs from {name!r}")
+        members = _FAMILIES.get(name, (name,))
+        if members[0] not in _BY_NAME:
+            known = ", ".join([*_BY_NAME, *_FAMILIES])
+            raise ConfigError(f"{parser.name}: differences names no check {name!r}; known: {known}")
+        for member in members:
+            found.setdefault(member, why)
+    return found
+
+
+def _select(only: Iterable[str] | None) -> list[str]:
+    if only is None:
+        return list(_BY_NAME)
+    chosen: set[str] = set()
+    for name in [only] if isinstance(only, str) else only:
+        members = _FAMILIES.get(name, (name,))
+        if members[0] not in _BY_NAME:
+            raise ConfigError(f"no check {name!r}; known: {', '.join([*_BY_NAME, *_FAMILIES])}")
+        chosen.update(members)
+    return [name for name in _BY_NAME if name in chosen]
+
+
+def _planned(parser: Parser, only: Iterable[str] | None) -> list[str]:
+    """The checks that run for ``parser``: selected, applicable and not declared."""
+    skip = _declared(parser)
+    return [n for n in _select(only) if n not in skip and _BY_NAME[n].applies(parser)]
+
+
+def _leaf(check: _Check) -> Callable[..., None]:
+    def run(parser: Parser, *, settings: hypothesis.settings | None = None) -> None:
+        if check.name in _planned(parser, [check.name]):
+            _run(check, parser, settings)
+
+    run.__name__ = run.__qualname__ = f"check_{check.name}"
+    run.__doc__ = (
+        f"{check.body.__doc__}\n\nRaises ``PropertyCheckError`` with the shrunk counterexample; "
+        "does nothing when ``parser.differences`` declares the check"
+    )
+    return run
+
+
+CHECKS: dict[str, Callable[..., None]] = {check.name: _leaf(check) for check in _ALL}
+"""Every check by name, in the order ``check_all`` runs them; each takes a ``Parser`` and
+``settings=`` and raises ``PropertyCheckError``."""
 
 
 def find_failures(
-    parser: Parser, *, settings: hypothesis.settings | None = None
+    parser: Parser,
+    *,
+    settings: hypothesis.settings | None = None,
+    only: Iterable[str] | None = None,
 ) -> dict[str, PropertyCheckError]:
-    """Run every check; the ones that failed, by name, with their counterexamples."""
+    """Run every check (or those ``only`` names, checks or families) on ``parser``, each
+    on its own; the ones that failed, by name, with their counterexamples. Checks that
+    ``parser.differences`` declares are not run."""
     found: dict[str, PropertyCheckError] = {}
-    for name, check in CHECKS.items():
+    for name in _planned(parser, only):
         try:
-            check(parser, settings=settings)
+            _run(_BY_NAME[name], parser, settings)
         except PropertyCheckError as failure:
             found[name] = failure
     return found
 
 
-def check_all(parser: Parser, *, settings: hypothesis.settings | None = None) -> None:
-    """Run every check; raise one ``AssertionError`` listing each failure."""
-    found = find_failures(parser, settings=settings)
+def check_all(
+    parser: Parser,
+    *,
+    settings: hypothesis.settings | None = None,
+    only: Iterable[str] | None = None,
+) -> list[str]:
+    """Run every check (or those ``only`` names); raise one ``AssertionError`` listing
+    each failure with its input. Returns the names of the checks that ran."""
+    ran = _planned(parser, only)
+    skipped = {n: why for n, why in _declared(parser).items() if n in _select(only)}
+    for name, why in skipped.items():
+        logger.info("%s: %s not run (declared difference: %s)", parser.name, name, why)
+    found = find_failures(parser, settings=settings, only=only)
     if found:
+        notes = "".join(f"\n  {n}: {why}" for n, why in skipped.items())
         raise AssertionError(
-            f"{len(found)} of {len(CHECKS)} checks failed for {parser.name}:\n\n"
+            f"{len(found)} of {len(ran)} checks failed for {parser.name}:\n\n"
             + "\n\n".join(f"[{name}] {failure.message}" for name, failure in found.items())
+            + (f"\n\nnot run (declared differences):{notes}" if notes else "")
         )
+    return ran
+
+
+def _family(family: str) -> Callable[..., None]:
+    members = _FAMILIES[family]
+
+    def run(parser: Parser, *, settings: hypothesis.settings | None = None) -> None:
+        found = find_failures(parser, settings=settings, only=[family])
+        if not found:
+            return
+        first, *others = found.values()
+        if not others:
+            raise first
+        also = ", ".join(o.check for o in others)
+        raise PropertyCheckError(
+            first.check,
+            first.parser,
+            f"{first.message}\n(also failed: {also})",
+            first.counterexample,
+        )
+
+    run.__name__ = run.__qualname__ = f"check_{family}"
+    run.__doc__ = (
+        f"Run {', '.join(members)}, each on its own; raise ``PropertyCheckError`` for the "
+        "first that failed, naming the others (``find_failures`` returns each)."
+    )
+    return run
+
+
+check_stitching = CHECKS["stitching"]
+check_env_tokens_not_trained = CHECKS["env_tokens_not_trained"]
+check_policy_tokens_trained = CHECKS["policy_tokens_trained"]
+check_logprobs = CHECKS["logprobs"]
+check_reward = CHECKS["reward"]
+check_num_turns = CHECKS["num_turns"]
+check_logprob_count_mismatch_not_trained = CHECKS["logprob_count_mismatch_not_trained"]
+check_drift_rejected = _family("drift_rejected")
+check_failures_not_trained = _family("failures_not_trained")
+check_never_crashes = _family("never_crashes")

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 __all__ = [
     "DRIFT_KINDS",
+    "JSON_REWARDS",
     "LOGPROBS",
     "REWARDS",
     "TOKENS",
@@ -34,7 +35,10 @@ TOKENS = st.integers(min_value=3, max_value=50_000)
 LOGPROBS = st.floats(min_value=-30.0, max_value=0.0, allow_nan=False, allow_infinity=False)
 """Sampling logprobs."""
 REWARDS = st.floats(min_value=-10.0, max_value=10.0, allow_nan=False, allow_infinity=False)
-"""Episode rewards."""
+"""Rewards as floats (``Rollout`` records, reward groups)."""
+JSON_REWARDS = REWARDS | st.integers(min_value=-10, max_value=10)
+"""Episode rewards as a ``/run`` result carries them: floats, and integers (an environment
+that returns ``1`` sends JSON ``1``, which decodes to ``int``, not ``1.0``)."""
 
 DriftKind = Literal["retokenized", "stripped", "rerendered"]
 DRIFT_KINDS: tuple[DriftKind, ...] = ("retokenized", "stripped", "rerendered")
@@ -59,6 +63,7 @@ class Episode:
     drift_kinds: tuple[tuple[int, DriftKind], ...] = ()
     """``(turn, kind)`` of every drifting turn, in turn order."""
     reward: float
+    """The ``reward`` field as sent: a float, or an ``int`` when JSON carried an integer."""
 
     @property
     def num_turns(self) -> int:
@@ -104,7 +109,7 @@ class Episode:
 
     def describe(self) -> str:
         """The episode drawn turn by turn with its tokens (for failure messages)."""
-        lines = []
+        lines = [f"reward {self.reward!r} ({type(self.reward).__name__}), {self.num_turns} turns"]
         kinds = dict(self.drift_kinds)
         for turn in range(self.num_turns):
             note = f"   <- drifts ({kinds.get(turn, 'drift')})" if turn in self.drift_turns else ""
@@ -125,12 +130,16 @@ def _extends(prompt: list[int], history: list[int]) -> bool:
 
 @st.composite
 def _next_prompt(
-    draw: st.DrawFn, history: list[int], drift: bool, max_env: int
+    draw: st.DrawFn,
+    history: list[int],
+    kinds: tuple[DriftKind, ...],
+    max_env: int,
+    force: bool = False,
 ) -> tuple[list[int], DriftKind | None]:
     delta = draw(st.lists(TOKENS, max_size=max_env))
-    if not drift or not draw(st.booleans()):
+    if not kinds or (not force and not draw(st.booleans())):
         return history + delta, None
-    kind = draw(st.sampled_from(DRIFT_KINDS))
+    kind = draw(st.sampled_from(kinds))
     body = list(history)
     if kind == "retokenized":
         i = draw(st.integers(0, len(body) - 1))
@@ -165,9 +174,106 @@ def _model_item(
     }
 
 
+@attrs.frozen(kw_only=True)
+class _Sizes:
+    max_prompt: int
+    max_generation: int
+    max_env: int
+    logprobs: st.SearchStrategy[float]
+
+
 @st.composite
-def episodes(
+def _turn(
     draw: st.DrawFn,
+    turn: int,
+    history: list[int],
+    kinds: tuple[DriftKind, ...],
+    force: bool,
+    sizes: _Sizes,
+) -> tuple[list[int], DriftKind | None, list[int], list[float], list[dict[str, Any]]]:
+    """One model turn: its prompt (and how it drifts), generation, logprobs and items."""
+    kind: DriftKind | None = None
+    if turn == 0:
+        prompt = draw(st.lists(TOKENS, min_size=1, max_size=max(1, sizes.max_prompt)))
+    else:
+        prompt, kind = draw(_next_prompt(history, kinds, sizes.max_env, force))
+        if _extends(prompt, history):
+            kind = None
+        elif kind is None:
+            kind = "rerendered"
+    generation = draw(st.lists(TOKENS, min_size=1, max_size=max(1, sizes.max_generation)))
+    lps = draw(st.lists(sizes.logprobs, min_size=len(generation), max_size=len(generation)))
+    items = st.lists(st.sampled_from(["function_call_output", "reasoning"]), max_size=2)
+    output = [_non_model_item(item_kind, turn) for item_kind in draw(items)]
+    model_kind = draw(st.sampled_from(["function_call", "message"]))
+    output.append(_model_item(model_kind, turn, prompt, generation, lps))
+    return prompt, kind, generation, lps, output
+
+
+@st.composite
+def _episodes(
+    draw: st.DrawFn,
+    *,
+    kinds: tuple[DriftKind, ...],
+    force_drift: bool,
+    min_turns: int,
+    max_turns: int,
+    sizes: _Sizes,
+    rewards: st.SearchStrategy[float],
+) -> Episode:
+    n_turns = draw(st.integers(min_turns, max_turns))
+    # with force_drift, turn ``first`` drifts and none before it: shrinking moves the drift
+    # to turn 1 of a two-turn episode, as the docs draw it
+    first = draw(st.integers(1, n_turns - 1)) if force_drift else 1
+    prompts: list[list[int]] = []
+    generations: list[list[int]] = []
+    lps_per_turn: list[list[float]] = []
+    drifts: list[tuple[int, DriftKind]] = []
+    output: list[dict[str, Any]] = []
+    for turn in range(n_turns):
+        history = prompts[-1] + generations[-1] if turn else []
+        allowed = kinds if turn >= first else ()
+        prompt, kind, generation, lps, items = draw(
+            _turn(turn, history, allowed, force_drift and turn == first, sizes)
+        )
+        if kind is not None:
+            drifts.append((turn, kind))
+        output += items
+        prompts.append(prompt)
+        generations.append(generation)
+        lps_per_turn.append(lps)
+    reward = draw(rewards)
+    return Episode(
+        response={
+            "responses_create_params": {"input": "hi"},
+            "response": {"output": output},
+            "reward": reward,
+        },
+        prompts=tuple(map(tuple, prompts)),
+        generations=tuple(map(tuple, generations)),
+        logprobs=tuple(map(tuple, lps_per_turn)),
+        drift_turns=frozenset(turn for turn, _ in drifts),
+        drift_kinds=tuple(drifts),
+        reward=reward,
+    )
+
+
+def _sizes(
+    max_prompt: int, max_generation: int, max_env: int, logprobs: st.SearchStrategy[float]
+) -> _Sizes:
+    return _Sizes(
+        max_prompt=max_prompt, max_generation=max_generation, max_env=max_env, logprobs=logprobs
+    )
+
+
+def _bounds(min_turns: int, max_turns: int, drift_kinds: tuple[DriftKind, ...]) -> None:
+    if not 1 <= min_turns <= max_turns:
+        raise ValueError(f"need 1 <= min_turns <= max_turns, got {min_turns} and {max_turns}")
+    if not drift_kinds or not set(drift_kinds) <= set(DRIFT_KINDS):
+        raise ValueError(f"drift_kinds must be some of {DRIFT_KINDS}, got {drift_kinds}")
+
+
+def episodes(
     *,
     drift: bool = False,
     min_turns: int = 1,
@@ -176,8 +282,10 @@ def episodes(
     max_generation: int = 8,
     max_env: int = 8,
     logprobs: st.SearchStrategy[float] = LOGPROBS,
-) -> Episode:
-    """A ``/run`` result with ``min_turns``..``max_turns`` model turns.
+    rewards: st.SearchStrategy[float] = JSON_REWARDS,
+    drift_kinds: tuple[DriftKind, ...] = DRIFT_KINDS,
+) -> st.SearchStrategy[Episode]:
+    """``/run`` results with ``min_turns``..``max_turns`` model turns, as ``Episode``.
 
     Args:
         drift: let later prompts drift from the history (each with probability about
@@ -188,53 +296,40 @@ def episodes(
         max_generation: longest generation per turn (at least one token).
         max_env: most environment tokens between two turns (tool output, template glue).
         logprobs: strategy for each generated token's logprob.
+        rewards: strategy for the episode's ``reward`` (floats and JSON integers).
+        drift_kinds: the ways a prompt may drift (``DRIFT_KINDS``), when ``drift``.
     """
-    if not 1 <= min_turns <= max_turns:
-        raise ValueError(f"need 1 <= min_turns <= max_turns, got {min_turns} and {max_turns}")
-    n_turns = draw(st.integers(min_turns, max_turns))
-    prompts: list[list[int]] = []
-    generations: list[list[int]] = []
-    lps_per_turn: list[list[float]] = []
-    kinds: list[tuple[int, DriftKind]] = []
-    output: list[dict[str, Any]] = []
-    for turn in range(n_turns):
-        if turn == 0:
-            prompt = draw(st.lists(TOKENS, min_size=1, max_size=max(1, max_prompt)))
-        else:
-            history = prompts[-1] + generations[-1]
-            prompt, kind = draw(_next_prompt(history, drift, max_env))
-            if not _extends(prompt, history):
-                kinds.append((turn, kind or "rerendered"))
-        generation = draw(st.lists(TOKENS, min_size=1, max_size=max(1, max_generation)))
-        lps = draw(st.lists(logprobs, min_size=len(generation), max_size=len(generation)))
-        items = st.lists(st.sampled_from(["function_call_output", "reasoning"]), max_size=2)
-        for item_kind in draw(items):
-            output.append(_non_model_item(item_kind, turn))
-        model_kind = draw(st.sampled_from(["function_call", "message"]))
-        output.append(_model_item(model_kind, turn, prompt, generation, lps))
-        prompts.append(prompt)
-        generations.append(generation)
-        lps_per_turn.append(lps)
-    reward = draw(REWARDS)
-    response = {
-        "responses_create_params": {"input": "hi"},
-        "response": {"output": output},
-        "reward": reward,
-    }
-    return Episode(
-        response=response,
-        prompts=tuple(map(tuple, prompts)),
-        generations=tuple(map(tuple, generations)),
-        logprobs=tuple(map(tuple, lps_per_turn)),
-        drift_turns=frozenset(turn for turn, _ in kinds),
-        drift_kinds=tuple(kinds),
-        reward=reward,
+    _bounds(min_turns, max_turns, drift_kinds)
+    return _episodes(
+        kinds=tuple(drift_kinds) if drift else (),
+        force_drift=False,
+        min_turns=min_turns,
+        max_turns=max_turns,
+        sizes=_sizes(max_prompt, max_generation, max_env, logprobs),
+        rewards=rewards,
     )
 
 
-def drifted_episodes(*, max_turns: int = 6, **options: Any) -> st.SearchStrategy[Episode]:
-    """Episodes in which at least one turn drifts (``Episode.drift_kinds`` says where and
-    how); ``options`` as for ``episodes``."""
-    return episodes(drift=True, min_turns=2, max_turns=max(2, max_turns), **options).filter(
-        lambda episode: bool(episode.drift_turns)
-    )
+def drifted_episodes(
+    *,
+    min_turns: int = 2,
+    max_turns: int = 6,
+    max_prompt: int = 12,
+    max_generation: int = 8,
+    max_env: int = 8,
+    logprobs: st.SearchStrategy[float] = LOGPROBS,
+    rewards: st.SearchStrategy[float] = JSON_REWARDS,
+    drift_kinds: tuple[DriftKind, ...] = DRIFT_KINDS,
+) -> st.SearchStrategy[Episode]:
+    """Episodes in which at least one turn drifts, with no drift before the first one
+    (so counterexamples shrink to a two-turn episode that drifts at turn 1);
+    ``Episode.drift_kinds`` says where and how. Arguments as for ``episodes``."""
+    _bounds(max(2, min_turns), max(2, max_turns), drift_kinds)
+    return _episodes(
+        kinds=tuple(drift_kinds),
+        force_drift=True,
+        min_turns=max(2, min_turns),
+        max_turns=max(2, max_turns),
+        sizes=_sizes(max_prompt, max_generation, max_env, logprobs),
+        rewards=rewards,
+    ).filter(lambda episode: bool(episode.drift_turns))

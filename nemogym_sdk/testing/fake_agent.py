@@ -3,7 +3,7 @@
 ``fake_agent(responses, plan=...)`` runs a real aiohttp server on 127.0.0.1 (an
 ephemeral port, its own thread and event loop) whose ``POST /run`` answers each dataset
 row with a ``/run`` result: from a list (served in turn), or from a function of the row.
-The fault plan maps a row's key (by default its ``task_id``) to a ``Script``: the fault
+The fault plan maps a row's key (by default its ``task_id``) to a ``FaultScript``: the fault
 of each attempt at that row, e.g. ``burst(Fault.HTTP_503, 2)`` fails the first two
 attempts and then answers, ``always(Fault.RESET)`` never does. The faults are real: a
 reset is a TCP RST, a truncated body is a short body under a longer ``Content-Length``,
@@ -44,7 +44,7 @@ __all__ = [
     "FakeAgent",
     "Fault",
     "InFlight",
-    "Script",
+    "FaultScript",
     "act",
     "always",
     "burst",
@@ -102,7 +102,7 @@ RETRYABLE = frozenset(
 
 
 @attrs.frozen
-class Script:
+class FaultScript:
     """The fault of each attempt at one row: ``faults`` first, then ``then`` forever."""
 
     faults: tuple[Fault, ...] = ()
@@ -118,17 +118,17 @@ class Script:
         return self.then not in (Fault.OK, Fault.SLOW)
 
 
-def burst(fault: Fault, k: int) -> Script:
+def burst(fault: Fault, k: int) -> FaultScript:
     """Fail the first ``k`` attempts with ``fault``, then answer normally."""
-    return Script(faults=(fault,) * k)
+    return FaultScript(faults=(fault,) * k)
 
 
-def always(fault: Fault) -> Script:
+def always(fault: Fault) -> FaultScript:
     """Fail every attempt with ``fault``."""
-    return Script(then=fault)
+    return FaultScript(then=fault)
 
 
-OK_SCRIPT = Script()
+OK_SCRIPT = FaultScript()
 """Every attempt answers."""
 
 
@@ -175,9 +175,9 @@ class FakeAgent:
     """A running fake server: its URL, its fault plans and what it saw."""
 
     url: str = ""
-    plans: Mapping[str, Mapping[str, Script]] = attrs.field(factory=dict)
-    """Path -> row key -> ``Script``."""
-    default: Script = OK_SCRIPT
+    plans: Mapping[str, Mapping[str, FaultScript]] = attrs.field(factory=dict)
+    """Path -> row key -> ``FaultScript``."""
+    default: FaultScript = OK_SCRIPT
     """The script of rows the plan does not name."""
     retry_after: float = 0.0
     slow_s: float = 0.05
@@ -362,9 +362,9 @@ def _row_key(field: str) -> Callable[[Any], str]:
 @contextmanager
 def fake_agent(
     responses: ResponseSource,
-    plan: Mapping[str, Script] | None = None,
+    plan: Mapping[str, FaultScript] | None = None,
     *,
-    default: Script = OK_SCRIPT,
+    default: FaultScript = OK_SCRIPT,
     key: str | Callable[[Any], str] = "task_id",
     retry_after: float = 0.0,
     slow_s: float = 0.05,
@@ -377,7 +377,7 @@ def fake_agent(
     Args:
         responses: ``/run`` results served in request order (cycled), or a function of
             the row; each a dict, raw bytes or an ``Episode``.
-        plan: row key -> ``Script`` (the fault of each attempt at that row).
+        plan: row key -> ``FaultScript`` (the fault of each attempt at that row).
         default: the script of rows ``plan`` does not name (e.g. ``burst(Fault.RESET, 1)``
             resets the first attempt at every row).
         key: the row field that names a row for the plan (or a function of the row).

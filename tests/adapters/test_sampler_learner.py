@@ -14,13 +14,14 @@ from typing import Any
 
 import pytest
 
-from nemogym_sdk import Rollout, collate
+from nemogym_sdk import Rollout, SamplingParams, collate
 from nemogym_sdk.adapters.torch import token_logprobs
 from nemogym_sdk.serve import CausalLMBackend, ServeEngine
 
 from .conftest import PAD, lora_policy, torch
 
-SAMPLING = {"temperature": 0.7, "top_p": 0.9}
+SAMPLING = SamplingParams(temperature=0.7, top_p=0.9)
+"""What the rollouts are played with: the engine samples with it, the learner applies it."""
 
 
 def sample_reply(mode: str, adapter_dir: Path, seed: int) -> dict[str, Any]:
@@ -38,7 +39,8 @@ def sample_reply(mode: str, adapter_dir: Path, seed: int) -> dict[str, Any]:
             "seed": seed,
             "logprobs": True,
             "return_token_ids": True,
-            **SAMPLING,
+            "temperature": SAMPLING.temperature,
+            "top_p": SAMPLING.top_p,
         }
     )
 
@@ -55,7 +57,7 @@ def learner_view(model: Any, body: dict[str, Any]) -> tuple[torch.Tensor, torch.
         reward=0.0,
     )
     with torch.no_grad():
-        learner = token_logprobs(model, collate([row], pad_token_id=PAD), **SAMPLING)[0]
+        learner = token_logprobs(model, collate([row], pad_token_id=PAD), sampling=SAMPLING)[0]
     return sampler, learner
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from nemogym_sdk import Rollout, collate
+from nemogym_sdk import Rollout, SamplingParams, collate
 from nemogym_sdk.adapters.torch import token_logprobs
 
 from .conftest import PAD, lora_policy, torch
@@ -58,7 +58,7 @@ def test_temperature_scales_the_logits(rollouts: list[Rollout]) -> None:
     model = lora_policy(perturb=0.3)
     batch = collate(rollouts[:1], pad_token_id=PAD)
     with torch.no_grad():
-        got = token_logprobs(model, batch, temperature=0.7)[0]
+        got = token_logprobs(model, batch, sampling=SamplingParams(temperature=0.7))[0]
     torch.testing.assert_close(
         got, unpadded(model, rollouts[0], temperature=0.7), atol=2e-5, rtol=0
     )

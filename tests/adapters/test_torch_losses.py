@@ -39,8 +39,9 @@ def leaf(values: list[list[float]] | None = None) -> torch.Tensor:
         ("grpo", -0.25),
         # dapo: token sum -2 + 1.5 = -0.5 over 5 tokens -> -0.1
         ("dapo", -0.1),
-        # dr_grpo: token sum -0.5 over rows * T = 2 * 4 -> -0.0625
-        ("dr_grpo", -0.0625),
+        # dr_grpo: token sum -0.5 over rows * policy span = 2 * 3 (the last policy token is
+        # row 1's third; the padded width 4 does not count) -> -1/12
+        ("dr_grpo", -1 / 12),
         # gspo: sequence ratio 1, terms -1 and +0.5, mean over rows -> -0.25
         ("gspo", -0.25),
     ],
@@ -58,8 +59,8 @@ def test_on_policy_loss_values(loss_type: str, expected: float) -> None:
         ("dapo", -1 / 5, 0.5 / 5),
         # grpo: -A / |o_i| / 2 rows
         ("grpo", -1 / 2 / 2, 0.5 / 3 / 2),
-        # dr_grpo: -A / (2 rows * 4)
-        ("dr_grpo", -1 / 8, 0.5 / 8),
+        # dr_grpo: -A / (2 rows * policy span 3)
+        ("dr_grpo", -1 / 6, 0.5 / 6),
         # gspo: d s_i / d logp_it = s_i / |o_i|, -A_i * that / 2 rows
         ("gspo", -1 / 2 / 2, 0.5 / 3 / 2),
     ],
@@ -215,6 +216,15 @@ def test_bad_configurations_are_config_errors() -> None:
         {"is_cap": 0.0},
         {"beta": -1.0},
         {"max_completion_length": 0},
+        {"is_floor": 3.0},
     ):
         with pytest.raises(ConfigError):
             PolicyLoss(**kwargs)  # type: ignore[arg-type]
+
+
+def test_the_loss_vocabulary_is_the_core_one() -> None:
+    """The adapter re-exports the torch-free records of ``nemogym_sdk.grpo``: one copy."""
+    from nemogym_sdk import adapters, grpo
+
+    for name in ("ImportanceSampling", "LossType", "PolicyLoss"):
+        assert getattr(adapters.torch, name) is getattr(grpo, name)

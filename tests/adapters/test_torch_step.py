@@ -6,7 +6,7 @@ import attrs
 import numpy as np
 import pytest
 
-from nemogym_sdk import Rollout, RolloutStatus, collate
+from nemogym_sdk import Rollout, RolloutStatus, SamplingParams, collate
 from nemogym_sdk.adapters.torch import PolicyLoss, StepMetrics, train_step
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.grpo import compute_advantages
@@ -14,6 +14,8 @@ from nemogym_sdk.grpo import compute_advantages
 from .conftest import PAD, lora_policy, rollout, torch
 
 ADVANTAGES = np.array([1.0, -0.5, 0.25], dtype=np.float32)
+PLAIN = SamplingParams()
+"""Rollouts played with the API defaults (temperature 1, no top-p): the raw log-softmax."""
 
 
 def gradients(
@@ -25,6 +27,7 @@ def gradients(
     optimizer = torch.optim.SGD(trainable, lr=0.0)
     pad_to = kwargs.pop("pad_to_multiple_of", None)
     batch = collate(rollouts, pad_token_id=PAD, pad_to_multiple_of=pad_to)  # type: ignore[arg-type]
+    kwargs.setdefault("sampling", PLAIN)
     train_step(model, optimizer, batch, advantages, max_grad_norm=None, **kwargs)  # type: ignore[arg-type]
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -75,7 +78,9 @@ def test_metrics_count_policy_tokens_and_report_mismatch(rollouts: list[Rollout]
         for b, r in enumerate(rollouts)
     ]
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
-    metrics = train_step(model, optimizer, collate(sampled, pad_token_id=PAD), ADVANTAGES)
+    metrics = train_step(
+        model, optimizer, collate(sampled, pad_token_id=PAD), ADVANTAGES, sampling=PLAIN
+    )
     assert isinstance(metrics, StepMetrics)
     assert (metrics.tokens, metrics.rows, metrics.micro_batches) == (10, 3, 1)
     assert metrics.mismatch_max == pytest.approx(0.5, abs=1e-4)
@@ -94,11 +99,19 @@ def test_reference_kl_is_zero_for_the_zero_adapter_then_grows(rollouts: list[Rol
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=0.05)
     batch = collate(rollouts, pad_token_id=PAD)
     loss = PolicyLoss(beta=0.1)
-    first = train_step(model, optimizer, batch, ADVANTAGES, loss=loss, ref_model="disable_adapter")
+    first = train_step(
+        model, optimizer, batch, ADVANTAGES, sampling=PLAIN, loss=loss, ref_model="disable_adapter"
+    )
     assert first.kl == pytest.approx(0.0, abs=1e-9)
     for _ in range(3):
         last = train_step(
-            model, optimizer, batch, ADVANTAGES, loss=loss, ref_model="disable_adapter"
+            model,
+            optimizer,
+            batch,
+            ADVANTAGES,
+            sampling=PLAIN,
+            loss=loss,
+            ref_model="disable_adapter",
         )
     assert last.kl > 1e-6
 
@@ -109,7 +122,9 @@ def test_all_rows_failed_or_zero_tokens_skips_the_optimizer(rollouts: list[Rollo
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
     failed = [attrs.evolve(r, status=RolloutStatus.AGENT_ERROR) for r in rollouts]
-    metrics = train_step(model, optimizer, collate(failed, pad_token_id=PAD), ADVANTAGES)
+    metrics = train_step(
+        model, optimizer, collate(failed, pad_token_id=PAD), ADVANTAGES, sampling=PLAIN
+    )
     assert not metrics.stepped and metrics.tokens == 0 and metrics.loss == 0.0
     for name, param in model.named_parameters():
         if param.requires_grad:
@@ -121,16 +136,18 @@ def test_takes_compute_advantages_and_checks_its_inputs(rollouts: list[Rollout])
     model = lora_policy()
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
     batch = collate(rollouts, pad_token_id=PAD)
-    metrics = train_step(model, optimizer, batch, compute_advantages(batch, scale="none"))
+    metrics = train_step(
+        model, optimizer, batch, compute_advantages(batch, scale="none"), sampling=PLAIN
+    )
     assert metrics.tokens == 10
     with pytest.raises(ConfigError, match="one advantage per batch row"):
-        train_step(model, optimizer, batch, [1.0, 2.0])
+        train_step(model, optimizer, batch, [1.0, 2.0], sampling=PLAIN)
     with pytest.raises(ConfigError, match="micro_batch_size"):
-        train_step(model, optimizer, batch, ADVANTAGES, micro_batch_size=0)
+        train_step(model, optimizer, batch, ADVANTAGES, sampling=PLAIN, micro_batch_size=0)
     with pytest.raises(ConfigError, match="ref_model"):
-        train_step(model, optimizer, batch, ADVANTAGES, loss=PolicyLoss(beta=0.1))
+        train_step(model, optimizer, batch, ADVANTAGES, sampling=PLAIN, loss=PolicyLoss(beta=0.1))
     with pytest.raises(ConfigError, match="finite"):
-        train_step(model, optimizer, batch, [1.0, float("nan"), 0.0])
+        train_step(model, optimizer, batch, [1.0, float("nan"), 0.0], sampling=PLAIN)
 
 
 def test_mask_truncated_leaves_cut_completions_out(rollouts: list[Rollout]) -> None:
@@ -139,7 +156,9 @@ def test_mask_truncated_leaves_cut_completions_out(rollouts: list[Rollout]) -> N
     model = lora_policy()
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
     batch = collate(cut, pad_token_id=PAD)
-    kept = train_step(model, optimizer, batch, ADVANTAGES, loss=PolicyLoss(mask_truncated=True))
+    kept = train_step(
+        model, optimizer, batch, ADVANTAGES, sampling=PLAIN, loss=PolicyLoss(mask_truncated=True)
+    )
     assert (kept.rows, kept.tokens) == (2, 6)
 
 
@@ -158,10 +177,16 @@ def test_old_logprobs_drive_the_ratio(rollouts: list[Rollout]) -> None:
         gradients(rollouts, ADVANTAGES, old_logprobs=old),
     )
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
-    train_step(model, optimizer, batch, ADVANTAGES)
+    train_step(model, optimizer, batch, ADVANTAGES, sampling=PLAIN)
     second = train_step(
-        model, optimizer, batch, ADVANTAGES, old_logprobs=old, loss=PolicyLoss(epsilon=1e-4)
+        model,
+        optimizer,
+        batch,
+        ADVANTAGES,
+        sampling=PLAIN,
+        old_logprobs=old,
+        loss=PolicyLoss(epsilon=1e-4),
     )
     assert second.clip_fraction > 0
     with pytest.raises(ConfigError, match="old_logprobs"):
-        train_step(model, optimizer, batch, ADVANTAGES, old_logprobs=old[:, :2])
+        train_step(model, optimizer, batch, ADVANTAGES, sampling=PLAIN, old_logprobs=old[:, :2])

@@ -172,15 +172,22 @@ def test_failed_rollouts_are_unscorable_and_untrained(tmp_path: Path) -> None:
     rows = rows_file(tmp_path, ["crane"])
     prompts = list(make_dataset(rows)["prompt"]) * 2
     failure = {"error": "boom", "response": {"output": []}, "reward": 0.0}
+    logged: dict[str, float] = {}
+    fake = trainer(2)
+    fake._log_metric = logged.__setitem__  # TRL's metric log (what log_metric feeds)
     with (
         agent_server(responses=[AGENT_RESPONSE, failure]) as agent,
         make_rollout_func({"wordle": agent.url}, rows) as rollout_func,
     ):
-        out = rollout_func(prompts, trainer(2))
+        out = rollout_func(prompts, fake)
     assert out["status"] == ["ok", "agent_error"]
     assert out["env_reward"] == [0.42, None]
     assert out["env_mask"][1] == [0] * len(out["completion_ids"][1])
     assert nemo_gym_reward([[], []], **out) == [0.42, None]
+    # the SDK's step metrics reach TRL's log, one rollout of two failed
+    assert logged["nemo_gym/ok_fraction"] == 0.5 and logged["nemo_gym/failures/agent_error"] == 1
+    assert logged["nemo_gym/reward_mean"] == pytest.approx(0.42)
+    assert logged["nemo_gym/degenerate_groups"] == 1.0  # one OK rollout: no baseline
 
 
 def test_rollout_func_checks_the_count_trl_expects(tmp_path: Path) -> None:
@@ -216,20 +223,16 @@ def test_rollout_func_rejects_unknown_rows_forks_and_trl_vllm(tmp_path: Path) ->
 # --- reward functions --------------------------------------------------------------------
 
 
-def test_nemo_gym_reward_passes_through_and_logs() -> None:
-    metrics: dict[str, float] = {}
+def test_nemo_gym_reward_passes_through_and_logs_statuses() -> None:
     extra: dict[str, list[Any]] = {}
     scores = nemo_gym_reward(
         ["a", "b", "c"],
         env_reward=[0.5, 0.0, None],
         status=["ok", "ok", "timeout"],
         num_turns=[3, 1, 0],
-        log_metric=metrics.__setitem__,
         log_extra=extra.__setitem__,
     )
     assert scores == [0.5, 0.0, None]
-    assert metrics["nemo_gym/ok_fraction"] == pytest.approx(2 / 3)
-    assert metrics["nemo_gym/num_turns"] == pytest.approx(4 / 3)
     assert extra["nemo_gym_status"] == ["ok", "ok", "timeout"]
 
 

@@ -134,7 +134,7 @@ def test_register_does_no_io(tmp_path: Path) -> None:
         plugin = NemoGymPlugin()
         plugin.register(cfg)
         assert sum(server.paths.values()) == 0
-    assert plugin.settings is None and plugin.deployment is None
+    assert plugin.settings is None and plugin.directory is None
     assert cfg["dataloader_num_workers"] == 0
 
 

@@ -106,7 +106,7 @@ def test_failed_rollout_is_masked_and_keeps_its_groups_baseline(tmp_path: Path) 
     partner = bad ^ 1  # the other rollout of the failed one's group (aabb order)
     assert rewards[bad] == pytest.approx(rewards[partner]) and rewards[bad] != 0.0
     line = json.loads((tmp_path / "log.jsonl").read_text())
-    assert line["statuses"] == {"ok": 3, "agent_error": 1} and "first_error" in line
+    assert (line["ok"], line["failures"]) == (3, {"agent_error": 1}) and "first_error" in line
 
 
 def test_unknown_agent_in_a_row_raises_before_anything_is_sent(tmp_path: Path) -> None:

@@ -82,9 +82,9 @@ def test_axolotl_trains_with_the_plugin_against_real_nemo_gym(tmp_path: Path) ->
         with GymStack(
             ["target_chars"], policy, venv=venv, head_server=True, workdir=tmp_path / "gym"
         ) as stack:
-            assert stack.head_url is not None
+            assert stack.directory.head_url is not None
             env = _axolotl_env()
-            env["NEMOGYM_HEAD_URL"] = stack.head_url
+            env["NEMOGYM_HEAD_URL"] = stack.directory.head_url
             env["NEMOGYM_SAMPLER_URL"] = backend.base_url
             argv = [str(AXOLOTL), "train", str(EXAMPLE), "--launcher", "python"]
             argv += [f"--base-model={model_dir}", f"--output-dir={out}"]
@@ -123,7 +123,7 @@ def test_axolotl_trains_with_the_plugin_against_real_nemo_gym(tmp_path: Path) ->
     print("rollouts:", rollouts)
     assert [r["step"] for r in rollouts] == list(range(STEPS))
     for line in rollouts:
-        assert line["rollouts"] == 8 and line["rows"] == 2 and line["ok"] == 8
+        assert line["rollouts"] == 8 and line["groups"] == 2 and line["ok"] == 8
         assert line["agents"] == {"target_chars_agent": 8}
         assert line["turns_mean"] == 3.0  # target_chars plays three rounds
     syncs = _jsonl(out / "nemo_gym" / "syncs.jsonl")

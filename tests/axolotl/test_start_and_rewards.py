@@ -178,12 +178,14 @@ def test_verify_failures_are_none_or_imputed(tmp_path: Path) -> None:
     statistics) and its group's completed mean for axolotl's deferred scoring; never 0."""
     from nemogym_sdk import Verifier
 
-    ok_row = json.dumps({"responses_create_params": {"input": "x"}, "server": "scorer"})
-    bad_row = json.dumps({"responses_create_params": {"input": "x"}, "server": "gone"})
+    ok_row = json.dumps({"responses_create_params": {"input": "x"}})  # -> the default
+    bad_row = json.dumps(
+        {"responses_create_params": {"input": "x"}, "resources_server_ref": {"name": "gone"}}
+    )
     with resources_server(reward=0.75) as scorer:
         for impute, expected in ((False, [0.75, None]), (True, [0.75, 0.75])):
             verifier = Verifier({"scorer": scorer.url, "gone": "http://127.0.0.1:9"})
-            nemo_gym_verify_reward.bind(verifier, lambda row: str(row["server"]), impute=impute)
+            nemo_gym_verify_reward.bind(verifier, resources_server="scorer", impute=impute)
             try:
                 scores = nemo_gym_verify_reward(
                     ["crane", "slide"],

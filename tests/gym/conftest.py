@@ -18,17 +18,31 @@ from collections.abc import Iterator
 import pytest
 
 from nemogym_sdk.gym import (
+    CATALOGUE,
+    SDK_ENVIRONMENTS,
     GymVenv,
     GymVenvNotFoundError,
     PolicyModel,
     find_gym_venv,
     start_serve,
 )
+from nemogym_sdk.gym.resolve import resolve_each
 from tests.require import absent
 
 from .stacks import StackFactory
 
 BACKEND_URL_ENV_VAR = "NEMOGYM_TEST_BACKEND_URL"
+RESOLVED_UP_FRONT = (
+    *CATALOGUE,
+    *SDK_ENVIRONMENTS,
+    "math_with_judge",
+    "gdpval",
+    "equivalence_llm_judge",
+    "simpleqa",
+    "over_refusal_detection",
+)
+"""Environments the tests start, resolved in one request to the NeMo Gym worker when the
+session begins (each stack then finds its configs in the resolver's cache)."""
 BACKEND_MODEL_ENV_VAR = "NEMOGYM_TEST_BACKEND_MODEL"
 
 
@@ -37,9 +51,11 @@ def gym_venv() -> GymVenv:
     """The NeMo Gym venv; skips the test when it is absent (fails under
     ``NEMOGYM_REQUIRE_GYM=1``, as in CI)."""
     try:
-        return find_gym_venv()
+        venv = find_gym_venv()
     except GymVenvNotFoundError as exc:
         absent(f"NeMo Gym venv absent, real-server test skipped: {exc}")
+    resolve_each(venv, RESOLVED_UP_FRONT)
+    return venv
 
 
 @pytest.fixture(scope="session")

@@ -1,21 +1,27 @@
-"""A miniature NeMo Gym venv on disk, for tests of the launcher that need no real NeMo Gym.
+"""A miniature NeMo Gym venv on disk: toy environments, resolved by NeMo Gym's own code.
 
-Its ``bin/python`` is the test interpreter and its servers are ``TOY_APP``: a stand-in
-that, like a NeMo Gym server, finds its block in ``NEMO_GYM_CONFIG_DICT`` under
+It is a venv-shaped directory (``bin/python``, ``site-packages/nemo_gym``: links to the
+real NeMo Gym venv's) whose :class:`GymVenv` runs the real venv's interpreter, so every
+miniature venv shares one resolver worker: NeMo Gym's parser, with this site-packages
+searched first (the root the SDK gives every environment, then the venv's site-packages),
+finds the toy configs here. Its servers are ``TOY_APP``: a stand-in that,
+like a NeMo Gym server, finds its block in ``NEMO_GYM_CONFIG_DICT`` under
 ``NEMO_GYM_CONFIG_PATH``, binds that host and port and answers ``GET /``. ``GET /probe``
 reports what the process saw (instance, cwd, ``__file__``, ``PYTHONPATH``, a data file).
+Without a real NeMo Gym venv the tests that make one skip (fail under
+``NEMOGYM_REQUIRE_GYM=1``).
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from nemogym_sdk.gym import GymVenv, find_gym_venv
+from nemogym_sdk.gym import GymVenv, GymVenvNotFoundError, find_gym_venv
+from tests.require import absent
 
 TOY_CONFIG: dict[str, Any] = {
     "toy": {
@@ -94,13 +100,23 @@ TOY_ROW = {
 }
 
 
+def real_gym_venv() -> GymVenv:
+    """The real NeMo Gym venv (the test is skipped without one)."""
+    try:
+        return find_gym_venv()
+    except GymVenvNotFoundError as exc:
+        absent(f"NeMo Gym venv absent, test skipped: {exc}")
+
+
 def make_venv(root: Path, environments: dict[str, dict[str, Any]] | None = None) -> GymVenv:
-    """A venv-shaped directory whose site-packages holds shipped-style environment configs."""
+    """A venv-shaped directory whose site-packages holds shipped-style environment
+    configs; its interpreter is the real NeMo Gym venv's (see the module docstring)."""
+    real = real_gym_venv()
     site = root / "lib" / "python3.13" / "site-packages"
-    (site / "nemo_gym").mkdir(parents=True)
-    (site / "nemo_gym" / "__init__.py").write_text("")
+    site.mkdir(parents=True)
+    (site / "nemo_gym").symlink_to(real.site_packages / "nemo_gym")
     (root / "bin").mkdir()
-    (root / "bin" / "python").symlink_to(sys.executable)
+    (root / "bin" / "python").symlink_to(real.python)
     for name, config in (environments if environments is not None else {"toy": TOY_CONFIG}).items():
         server_dir = site / "resources_servers" / name
         (server_dir / "configs").mkdir(parents=True)
@@ -111,7 +127,8 @@ def make_venv(root: Path, environments: dict[str, dict[str, Any]] | None = None)
     for impl_dir in ("responses_api_agents/simple_agent", "responses_api_models/vllm_model"):
         (site / impl_dir).mkdir(parents=True)
         (site / impl_dir / "app.py").write_text(TOY_APP)
-    return find_gym_venv(root)
+    found = find_gym_venv(root)
+    return GymVenv(root=found.root, python=real.python, site_packages=found.site_packages)
 
 
 def counting_ports(start: int = 20000) -> Any:

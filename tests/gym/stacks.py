@@ -12,6 +12,20 @@ READY_TIMEOUT_S = 300.0
 """Generous: 17 NeMo Gym processes importing at once take ~70 s on 2 cores."""
 
 
+def agent_url(stack: GymStack, environment: str) -> str:
+    """Base URL of the agent an environment's rows go to (``POST {url}/run``)."""
+    agent = stack.environment(environment).agent
+    assert agent is not None, f"{environment} starts no agent"
+    return stack.directory.agent_url(agent)
+
+
+def head_url(stack: GymStack) -> str:
+    """The head server's URL of a stack started with ``head_server=True``."""
+    url = stack.directory.head_url
+    assert url is not None, "the stack runs without a head server"
+    return url
+
+
 class StackFactory:
     """Builds stacks with the test defaults; stops every stack it built at teardown."""
 

@@ -13,6 +13,71 @@ from nemogym_sdk.gym import GymStack, PolicyModel, ServerNotReadyError, free_loo
 
 from .fakes import make_venv
 
+GYM_ALL = [
+    "BackendProcess",
+    "CATALOGUE",
+    "DatasetMissingError",
+    "EnvironmentInfo",
+    "EnvironmentLocation",
+    "EnvironmentSetup",
+    "GYM_VENV_ENV_VAR",
+    "GymStack",
+    "GymVenv",
+    "GymVenvNotFoundError",
+    "HEAD_SERVER_NAME",
+    "PolicyModel",
+    "ProcessGroup",
+    "REQUIREMENTS_CACHE_ENV_VAR",
+    "RequirementsInstallError",
+    "ResolvedEnvironment",
+    "SDK_ENVIRONMENTS",
+    "SDK_ENVS_DIR",
+    "ServerEnvironment",
+    "ServerNotReadyError",
+    "ServerRequirements",
+    "ServerSpec",
+    "ServerStartError",
+    "StackBuilder",
+    "StackConfig",
+    "UvNotFoundError",
+    "VLLM_VENV_ENV_VAR",
+    "VllmVenv",
+    "VllmVenvNotFoundError",
+    "build_stack_config",
+    "default_gym_venv_path",
+    "default_requirements_cache",
+    "default_vllm_venv_path",
+    "describe_environment",
+    "find_gym_venv",
+    "find_uv",
+    "find_vllm_venv",
+    "free_loopback_ports",
+    "locate_environment",
+    "prepare_server_environment",
+    "read_server_requirements",
+    "resolve_environments",
+    "start_serve",
+    "start_vllm",
+]
+
+
+def test_the_public_surface_is_the_locked_list() -> None:
+    """``nemogym_sdk.gym.__all__`` is exactly this list: a name added or dropped is a
+    decision, made here too."""
+    assert nemogym_sdk.gym.__all__ == GYM_ALL
+
+
+def test_a_stack_says_where_its_servers_are_in_one_place(tmp_path: Path) -> None:
+    """Addresses come from ``GymStack.directory`` only (a ``ServerDirectory``); the
+    parallel URL accessors are gone, the environment -> agent pairing is on the setups."""
+    stack = GymStack(
+        ["toy"], PolicyModel(base_url="http://x/v1", model="m"), venv=make_venv(tmp_path)
+    )
+    public = {name for name in dir(stack) if not name.startswith("_")}
+    removed = {"agent_urls", "resources_urls", "model_urls", "default_agents", "agent_url"}
+    assert not public & (removed | {"head_url"})
+    assert {"directory", "builder", "environment", "environments", "log_paths", "pids"} <= public
+
 
 def test_all_is_sorted_and_importable() -> None:
     """nemogym_sdk.gym.__all__ is sorted, unique and every name resolves."""
@@ -53,7 +118,10 @@ def test_properties_need_a_started_stack(tmp_path: Path) -> None:
     venv = make_venv(tmp_path / "venv")
     stack = GymStack(["toy"], PolicyModel(base_url="http://127.0.0.1:1/v1", model="m"), venv=venv)
     with pytest.raises(RuntimeError, match="not been started"):
-        _ = stack.agent_urls
+        _ = stack.config
+    with pytest.raises(RuntimeError, match="not running"):
+        _ = stack.directory
+    assert stack.builder.environments == ("toy",)
     assert "not started" in repr(stack)
     with pytest.raises(ValueError, match="sequence of names"):
         GymStack("toy", PolicyModel(base_url="http://x/v1", model="m"), venv=venv)

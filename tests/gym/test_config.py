@@ -17,17 +17,33 @@ from nemogym_sdk.gym import (
     build_stack_config,
     free_loopback_ports,
 )
-from nemogym_sdk.gym.config import load_environment_config
-from nemogym_sdk.gym.loading import allowed_agents
+from nemogym_sdk.gym.loading import load_environment_config, server_type_of
+from nemogym_sdk.gym.resolve import resolve_each
 
 from .fakes import TOY_CONFIG, counting_ports, make_venv
 
 MODEL = PolicyModel(base_url="http://127.0.0.1:8000/v1", model="tiny")
 
 
-def test_toy_config_keeps_agent_and_resources_drops_environment_server(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> GymVenv:
+    """One miniature venv for the tests that only read it: the toy, ``capped`` (an agent
+    with ``max_steps`` and no environment server) and ``twin`` (the toy's instances again),
+    resolved together in one request to the NeMo Gym worker (then cached)."""
+    capped = copy.deepcopy(TOY_CONFIG)
+    del capped["toy_environment_server"]
+    capped["toy_simple_agent"]["responses_api_agents"]["simple_agent"]["max_steps"] = 3
+    environments = {"toy": TOY_CONFIG, "capped": _renamed(capped, "capped"), "twin": TOY_CONFIG}
+    venv = make_venv(tmp_path_factory.mktemp("shared") / "venv", environments)
+    resolve_each(venv, list(environments))
+    return venv
+
+
+def test_toy_config_keeps_agent_and_resources_drops_environment_server(
+    shared: GymVenv, tmp_path: Path
+) -> None:
     """Resources server and agent are kept verbatim, the environment server is dropped."""
-    venv = make_venv(tmp_path / "venv")
+    venv = shared
     stack = build_stack_config(venv, ["toy"], MODEL, allocate_ports=counting_ports(20000))
     config = stack.global_config
     assert "toy_environment_server" not in config
@@ -42,9 +58,11 @@ def test_toy_config_keeps_agent_and_resources_drops_environment_server(tmp_path:
     assert setup.example_path == venv.site_packages / "resources_servers/toy/data/example.jsonl"
 
 
-def test_servers_pinned_to_loopback_distinct_ports_models_first(tmp_path: Path) -> None:
+def test_servers_pinned_to_loopback_distinct_ports_models_first(
+    shared: GymVenv, tmp_path: Path
+) -> None:
     """Every server gets 127.0.0.1 and its own port; start order is model, resources, agent."""
-    venv = make_venv(tmp_path / "venv")
+    venv = shared
     stack = build_stack_config(venv, ["toy"], MODEL, allocate_ports=counting_ports(20000))
     assert [s.instance for s in stack.servers] == ["policy_model", "toy", "toy_simple_agent"]
     assert [s.server_type for s in stack.servers] == [
@@ -59,11 +77,12 @@ def test_servers_pinned_to_loopback_distinct_ports_models_first(tmp_path: Path) 
     assert stack.server("toy").url == f"http://127.0.0.1:{stack.server('toy').port}"
     block = stack.global_config["toy"]["resources_servers"]["toy"]
     assert (block["host"], block["port"]) == ("127.0.0.1", stack.server("toy").port)
+    assert sorted(stack.global_config["disallowed_ports"]) == sorted(ports)
 
 
-def test_policy_model_block_is_the_training_vllm_model(tmp_path: Path) -> None:
+def test_policy_model_block_is_the_training_vllm_model(shared: GymVenv, tmp_path: Path) -> None:
     """The vllm_model instance carries the backend and the training switches."""
-    venv = make_venv(tmp_path / "venv")
+    venv = shared
     model = PolicyModel(
         base_url="http://127.0.0.1:9/v1",
         model="m",
@@ -89,22 +108,18 @@ def test_policy_model_block_is_the_training_vllm_model(tmp_path: Path) -> None:
     assert config["dry_run"] is False
 
 
-def test_default_max_steps_only_fills_agents_without_one(tmp_path: Path) -> None:
+def test_default_max_steps_only_fills_agents_without_one(shared: GymVenv) -> None:
     """default_max_steps is written where max_steps is absent and leaves shipped values."""
-    capped = copy.deepcopy(TOY_CONFIG)
-    del capped["toy_environment_server"]
-    capped["toy_simple_agent"]["responses_api_agents"]["simple_agent"]["max_steps"] = 3
-    venv = make_venv(tmp_path / "venv", {"toy": TOY_CONFIG, "capped": _renamed(capped, "capped")})
     config = build_stack_config(
-        venv, ["toy", "capped"], MODEL, default_max_steps=7, allocate_ports=counting_ports()
+        shared, ["toy", "capped"], MODEL, default_max_steps=7, allocate_ports=counting_ports()
     ).global_config
     assert config["toy_simple_agent"]["responses_api_agents"]["simple_agent"]["max_steps"] == 7
     assert config["capped_simple_agent"]["responses_api_agents"]["simple_agent"]["max_steps"] == 3
 
 
-def test_overrides_deep_merge_and_may_pin_a_port(tmp_path: Path) -> None:
+def test_overrides_deep_merge_and_may_pin_a_port(shared: GymVenv, tmp_path: Path) -> None:
     """Overrides merge into nested blocks; a port they pin is kept, not reallocated."""
-    venv = make_venv(tmp_path / "venv")
+    venv = shared
     overrides = {
         "toy": {"resources_servers": {"toy": {"port": 31999, "verified": True}}},
         "head_server": {"port": 31998},
@@ -118,9 +133,11 @@ def test_overrides_deep_merge_and_may_pin_a_port(tmp_path: Path) -> None:
     assert stack.head_port == 31998
 
 
-def test_overrides_may_add_a_server_but_not_an_environment_server(tmp_path: Path) -> None:
+def test_overrides_may_add_a_server_but_not_an_environment_server(
+    shared: GymVenv, tmp_path: Path
+) -> None:
     """An extra model server from overrides is started too; environment servers are refused."""
-    venv = make_venv(tmp_path / "venv")
+    venv = shared
     judge = {"judge": {"responses_api_models": {"vllm_model": MODEL.server_block()}}}
     stack = build_stack_config(
         venv, ["toy"], MODEL, overrides=judge, allocate_ports=counting_ports()
@@ -132,17 +149,19 @@ def test_overrides_may_add_a_server_but_not_an_environment_server(tmp_path: Path
         build_stack_config(venv, ["toy"], MODEL, overrides=relay, allocate_ports=counting_ports())
 
 
-def test_dangling_reference_is_a_config_error(tmp_path: Path) -> None:
+def test_dangling_reference_is_a_config_error(shared: GymVenv, tmp_path: Path) -> None:
     """An agent pointing at a model server the stack does not run is refused, with names."""
-    venv = make_venv(tmp_path / "venv")
+    venv = shared
     model = PolicyModel(base_url="http://x/v1", model="m", instance_name="other_model")
     with pytest.raises(ConfigError, match=r"responses_api_models/'policy_model'.*other_model"):
         build_stack_config(venv, ["toy"], model, allocate_ports=counting_ports())
 
 
-def test_unknown_environment_and_duplicates_are_config_errors(tmp_path: Path) -> None:
+def test_unknown_environment_and_duplicates_are_config_errors(
+    shared: GymVenv, tmp_path: Path
+) -> None:
     """Unknown names, repeated names and an empty list are refused before anything starts."""
-    venv = make_venv(tmp_path / "venv")
+    venv = shared
     with pytest.raises(ConfigError, match="unknown NeMo Gym environment 'nope'"):
         build_stack_config(venv, ["nope"], MODEL)
     with pytest.raises(ConfigError, match="twice"):
@@ -151,16 +170,15 @@ def test_unknown_environment_and_duplicates_are_config_errors(tmp_path: Path) ->
         build_stack_config(venv, [], MODEL)
 
 
-def test_instance_defined_by_two_environments_is_refused(tmp_path: Path) -> None:
+def test_instance_defined_by_two_environments_is_refused(shared: GymVenv) -> None:
     """Two environments may not define the same instance name."""
-    venv = make_venv(tmp_path / "venv", {"toy": TOY_CONFIG, "twin": TOY_CONFIG})
     with pytest.raises(ConfigError, match="defined by both 'toy' and 'twin'"):
-        build_stack_config(venv, ["toy", "twin"], MODEL, allocate_ports=counting_ports())
+        build_stack_config(shared, ["toy", "twin"], MODEL, allocate_ports=counting_ports())
 
 
-def test_to_yaml_round_trips(tmp_path: Path) -> None:
+def test_to_yaml_round_trips(shared: GymVenv, tmp_path: Path) -> None:
     """The YAML handed to the servers parses back to the same config."""
-    venv = make_venv(tmp_path / "venv")
+    venv = shared
     stack = build_stack_config(venv, ["toy"], MODEL, workdir=tmp_path / "w")
     assert yaml.safe_load(stack.to_yaml()) == stack.global_config
     assert stack.global_config["results_dir"] == str(tmp_path / "w" / "results")
@@ -225,7 +243,7 @@ def test_config_paths_are_merged_under_the_including_config(tmp_path: Path) -> N
     venv = make_venv(tmp_path / "venv")
     _split_toy(tmp_path / "venv")
     loaded = load_environment_config(venv, "toy")
-    assert "config_paths" not in loaded
+    assert loaded["config_paths"][-1] == "responses_api_agents/simple_agent/configs/toy_agent.yaml"
     agent = loaded["toy_simple_agent"]["responses_api_agents"]["simple_agent"]
     assert agent["max_steps"] == 5
     assert agent["resources_server"] == {"type": "resources_servers", "name": "toy"}
@@ -236,18 +254,23 @@ def test_config_paths_are_merged_under_the_including_config(tmp_path: Path) -> N
     assert agents["simple_agent"]["max_steps"] == 5
 
 
-def test_config_paths_that_are_missing_or_cyclic_are_config_errors(tmp_path: Path) -> None:
+def test_config_paths_missing_is_a_config_error_a_cycle_is_read_once(tmp_path: Path) -> None:
+    """NeMo Gym's rules: an include that is nowhere is an error naming where it looked; a
+    config that includes itself again is read once (a duplicate, not an error)."""
     venv = make_venv(tmp_path / "venv")
     config = _split_toy(tmp_path / "venv")
     own = yaml.safe_load(config.read_text())
     own["config_paths"] = ["responses_api_agents/simple_agent/configs/nope.yaml"]
     config.write_text(yaml.safe_dump(own))
-    with pytest.raises(ConfigError, match=r"included config .*nope\.yaml does not exist"):
+    with pytest.raises(ConfigError, match=r"ConfigPathNotFoundError: .*nope\.yaml' was not found"):
         load_environment_config(venv, "toy")
-    own["config_paths"] = ["resources_servers/toy/configs/toy.yaml"]
+    own["config_paths"] = [
+        "resources_servers/toy/configs/toy.yaml",
+        "responses_api_agents/simple_agent/configs/toy_agent.yaml",
+    ]
     config.write_text(yaml.safe_dump(own))
-    with pytest.raises(ConfigError, match="include themselves"):
-        load_environment_config(venv, "toy")
+    loaded = load_environment_config(venv, "toy")
+    assert loaded["toy_simple_agent"]["responses_api_agents"]["simple_agent"]["max_steps"] == 5
 
 
 def test_a_config_variant_is_chosen_with_a_colon(tmp_path: Path) -> None:
@@ -296,13 +319,18 @@ def _agent_less(venv_root: Path, allowed: list[str]) -> None:
     path.write_text(yaml.safe_dump(own))
 
 
+def _servers(config: dict[str, object]) -> list[str]:
+    return sorted(name for name, block in config.items() if server_type_of(block) is not None)
+
+
 def test_an_environment_without_an_agent_is_paired_with_an_allowed_one(tmp_path: Path) -> None:
     """A resources server alone runs with the first ``allowed_agents`` entry that ships a
     config: that agent, bound to it, its datasets left for the environment's own rows."""
     venv = make_venv(tmp_path / "venv")
     _agent_less(tmp_path / "venv", ["not_shipped", "simple_agent"])
     loaded = load_environment_config(venv, "lonely")
-    assert sorted(loaded) == ["agent_prompt", "lonely_rs", "simple_agent"]
+    assert _servers(loaded) == ["lonely_rs", "simple_agent"]
+    assert loaded["agent_prompt"] == "be brief"
     agent = loaded["simple_agent"]["responses_api_agents"]["simple_agent"]
     assert agent["resources_server"] == {"type": "resources_servers", "name": "lonely_rs"}
     assert "datasets" not in agent
@@ -310,17 +338,21 @@ def test_an_environment_without_an_agent_is_paired_with_an_allowed_one(tmp_path:
     (setup,) = stack.environments
     assert (setup.agents, setup.resources_servers) == (("simple_agent",), ("lonely_rs",))
     assert setup.example_path == venv.site_packages / "resources_servers/lonely/data/example.jsonl"
+    assert setup.allowed_agents == ("not_shipped", "simple_agent")
+    assert setup.agent == "simple_agent"
 
 
-def test_allowed_agents_lists_each_resources_servers_in_order() -> None:
-    """A bare string is one agent; blocks that are not resources servers are not read."""
+def test_allowed_agents_are_read_by_nemo_gym_a_bare_string_is_one_agent(tmp_path: Path) -> None:
+    """What each resources server accepts, in config order, as NeMo Gym's
+    ``allowed_agents_for`` reads it."""
     toy = copy.deepcopy(TOY_CONFIG)
     toy["toy"]["resources_servers"]["toy"]["allowed_agents"] = "simple_agent"
     toy["other"] = {
         "resources_servers": {"o": {"entrypoint": "app.py", "allowed_agents": ["a", "b"]}}
     }
-    toy["not_a_server"] = {"resources_servers": {"x": {"allowed_agents": ["c"]}}}
-    assert allowed_agents(toy) == [("toy", "simple_agent"), ("other", "a"), ("other", "b")]
+    venv = make_venv(tmp_path / "venv", {"toy": toy})
+    stack = build_stack_config(venv, ["toy"], MODEL, allocate_ports=counting_ports())
+    assert stack.environments[0].allowed_agents == ("a", "b", "simple_agent")  # other, toy
 
 
 def test_no_pairing_when_the_config_has_an_agent_or_no_allowed_agent_ships_one(
@@ -328,7 +360,7 @@ def test_no_pairing_when_the_config_has_an_agent_or_no_allowed_agent_ships_one(
 ) -> None:
     venv = make_venv(tmp_path / "venv")
     _agent_less(tmp_path / "venv", ["not_shipped"])
-    assert sorted(load_environment_config(venv, "lonely")) == ["lonely_rs"]
+    assert _servers(load_environment_config(venv, "lonely")) == ["lonely_rs"]
     toy = venv.site_packages / "resources_servers" / "toy" / "configs" / "toy.yaml"
     config = yaml.safe_load(toy.read_text())
     config["toy"]["resources_servers"]["toy"]["allowed_agents"] = ["simple_agent"]
@@ -349,7 +381,8 @@ def test_gdpval_is_paired_with_the_stirrup_agent(gym_venv: GymVenv) -> None:
 
 def test_a_policy_model_the_environment_defines_is_replaced_by_the_stacks(tmp_path: Path) -> None:
     """``nemo_user_sim`` ships a default ``policy_model``; the stack's policy takes its place.
-    A server of that name that is no model server is still refused."""
+    A server of that name that is no model server is refused (NeMo Gym's parser, which
+    resolves it over its stand-in policy, trips on it)."""
     with_default = copy.deepcopy(TOY_CONFIG)
     with_default["policy_model"] = {
         "responses_api_models": {
@@ -363,5 +396,8 @@ def test_a_policy_model_the_environment_defines_is_replaced_by_the_stacks(tmp_pa
     clash = copy.deepcopy(TOY_CONFIG)
     clash["policy_model"] = copy.deepcopy(TOY_CONFIG["toy"])
     venv = make_venv(tmp_path / "other", {"toy": clash})
-    with pytest.raises(ConfigError, match="already defines 'policy_model' as a server that is not"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^toy: NeMo Gym's config parser refused .*StopIteration: raised in global_config",
+    ):
         build_stack_config(venv, ["toy"], MODEL, allocate_ports=counting_ports())

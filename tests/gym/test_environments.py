@@ -11,7 +11,7 @@ import requests
 
 from nemogym_sdk.gym import CATALOGUE, GymStack
 
-from .stacks import StackFactory
+from .stacks import StackFactory, agent_url
 
 pytestmark = pytest.mark.gym
 
@@ -26,7 +26,7 @@ def manual_stack(stack_factory: StackFactory) -> Iterator[GymStack]:
 
 
 def _run(stack: GymStack, environment: str, row: dict[str, Any]) -> requests.Response:
-    return requests.post(f"{stack.agent_url(environment)}/run", json=row, timeout=RUN_TIMEOUT_S)
+    return requests.post(f"{agent_url(stack, environment)}/run", json=row, timeout=RUN_TIMEOUT_S)
 
 
 def _model_items(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -121,12 +121,14 @@ def test_unknown_request_field_is_a_422(manual_stack: GymStack) -> None:
 
 
 def test_stack_exposes_urls_logs_and_examples(manual_stack: GymStack) -> None:
-    """Agent, resources and model URLs, log files and example rows are all reachable."""
-    assert set(manual_stack.default_agents) == set(CATALOGUE)
-    assert len(manual_stack.resources_urls) == len(CATALOGUE)
-    assert list(manual_stack.model_urls) == ["policy_model"]
-    assert manual_stack.head_url is None
-    for url in [*manual_stack.agent_urls.values(), *manual_stack.resources_urls.values()]:
+    """The directory's agent, resources and model URLs, log files and example rows are all
+    reachable; each environment's rows go to its own agent."""
+    directory = manual_stack.directory
+    assert {manual_stack.environment(e).agent for e in CATALOGUE} == set(directory.agents)
+    assert len(directory.resources_servers) == len(CATALOGUE)
+    assert list(directory.models) == ["policy_model"]
+    assert directory.head_url is None and directory.default_agent is None
+    for url in [*directory.agents.values(), *directory.resources_servers.values()]:
         assert url.startswith("http://127.0.0.1:")
         assert requests.get(f"{url}/", timeout=5).json() == {"status": "ok"}
     for name, path in manual_stack.log_paths.items():

@@ -20,6 +20,8 @@ import pytest
 from nemogym_sdk.gym import GymVenv
 
 REPO = Path(__file__).resolve().parents[2]
+NO_ROWS = "structured_outputs:structured_outputs_json_yaml_xml_v1"
+"""A shipped config naming example rows the nemo-gym wheel does not ship."""
 SCRIPT = REPO / "benchmarks" / "gym_sweep.py"
 
 
@@ -206,8 +208,9 @@ def test_write_docs_replaces_only_between_the_markers(tmp_path: Path) -> None:
 
 @pytest.mark.gym
 def test_the_sweep_script_on_a_small_subset(gym_venv: GymVenv, tmp_path: Path) -> None:
-    """An environment that runs, a config variant of another (``<dir>:<config>``), and a
-    name that is no environment: each classified, the table written between the markers."""
+    """An environment that runs, a config variant of another (``<dir>:<config>``), a variant
+    naming example rows the wheel lacks, and a name that is no environment: each
+    classified, the table written between the markers."""
     out = tmp_path / "sweep.jsonl"
     doc = tmp_path / "page.md"
     doc.write_text(f"{sweep.BEGIN}\n{sweep.END}\n")
@@ -216,7 +219,7 @@ def test_the_sweep_script_on_a_small_subset(gym_venv: GymVenv, tmp_path: Path) -
             sys.executable,
             str(SCRIPT),
             "--environments",
-            "example_single_tool_call,equivalence_rule:lc,no_such_environment",
+            f"example_single_tool_call,equivalence_rule:lc,{NO_ROWS},no_such_environment",
             "--rows",
             "1",
             "--out",
@@ -234,15 +237,18 @@ def test_the_sweep_script_on_a_small_subset(gym_venv: GymVenv, tmp_path: Path) -
     assert results["example_single_tool_call"]["outcome"] == "runs"
     assert results["example_single_tool_call"]["rows_scored"] == 1
     assert results["equivalence_rule:lc"]["outcome"] == "runs"
+    assert results[NO_ROWS]["outcome"] == "data"
+    assert "_example.jsonl, which nemo-gym does not ship" in results[NO_ROWS]["reason"]
     assert results["no_such_environment"]["outcome"] == "start"
     assert "no_such_environment" in results["no_such_environment"]["reason"]
     table = doc.read_text()
     assert "| `example_single_tool_call` | runs | 1/1 example rows scored |" in table
     assert "| runs | 2 |" in table and "| start fails | 1 |" in table
+    assert "| example rows not shipped | 1 |" in table
     # the table again from the results alone, nothing started
     again = tmp_path / "again.md"
     again.write_text(f"{sweep.BEGIN}\n{sweep.END}\n")
-    names = "example_single_tool_call,equivalence_rule:lc,no_such_environment"
+    names = f"example_single_tool_call,equivalence_rule:lc,{NO_ROWS},no_such_environment"
     report = ["--report-only", "--environments", names, "--rows", "1", "--out", str(out)]
     subprocess.run(
         [sys.executable, str(SCRIPT), *report, "--docs", str(again)],
@@ -266,7 +272,7 @@ def test_the_sweep_script_on_a_small_subset(gym_venv: GymVenv, tmp_path: Path) -
     assert updated.returncode == 0, updated.stderr[-3000:]
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     results = {r["environment"]: r for r in lines}
-    assert len(lines) == len(results) == 5
+    assert len(lines) == len(results) == 6
     assert results["example_single_tool_call"]["outcome"] == "runs"
     assert results["gymnasium"]["outcome"] == "library"
     # grl_tetris parses an <action> tag: it runs only with benchmarks/gym_answers.json's rule

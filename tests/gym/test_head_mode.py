@@ -13,7 +13,7 @@ import yaml
 from nemogym_sdk import AgentClient, ConfigError, RolloutStatus, ServerDirectory, load_rows
 from nemogym_sdk.gym import HEAD_SERVER_NAME, GymStack
 
-from .stacks import StackFactory
+from .stacks import StackFactory, agent_url, head_url
 
 pytestmark = pytest.mark.gym
 
@@ -30,8 +30,7 @@ def head_stack(stack_factory: StackFactory) -> Iterator[GymStack]:
 
 def test_server_instances_lists_the_started_servers(head_stack: GymStack) -> None:
     """GET /server_instances: one entry per server with its real host, port, url and pid."""
-    assert head_stack.head_url is not None
-    listed = requests.get(f"{head_stack.head_url}/server_instances", timeout=10).json()
+    listed = requests.get(f"{head_url(head_stack)}/server_instances", timeout=10).json()
     by_name = {item["process_name"]: item for item in listed}
     assert set(by_name) == {spec.instance for spec in head_stack.config.servers}
     for spec in head_stack.config.servers:
@@ -41,13 +40,12 @@ def test_server_instances_lists_the_started_servers(head_stack: GymStack) -> Non
         assert item["pid"] == head_stack.pids[spec.instance]
         assert item["config_path"] == spec.instance
     agent = by_name[f"{ENVIRONMENT}_simple_agent"]
-    assert agent["url"] == head_stack.agent_url(ENVIRONMENT)
+    assert agent["url"] == agent_url(head_stack, ENVIRONMENT)
 
 
 def test_global_config_dict_yaml_is_yaml_inside_a_json_string(head_stack: GymStack) -> None:
     """GET /global_config_dict_yaml: a JSON string whose YAML is the config the servers got."""
-    assert head_stack.head_url is not None
-    raw = requests.get(f"{head_stack.head_url}/global_config_dict_yaml", timeout=10)
+    raw = requests.get(f"{head_url(head_stack)}/global_config_dict_yaml", timeout=10)
     text = json.loads(raw.content)
     assert isinstance(text, str)
     config = yaml.safe_load(text)
@@ -60,8 +58,7 @@ def test_global_config_dict_yaml_is_yaml_inside_a_json_string(head_stack: GymSta
 
 def test_head_is_ready_and_logged(head_stack: GymStack) -> None:
     """The head answers /readyz 200 only once all servers are up, and has its own log."""
-    assert head_stack.head_url is not None
-    assert requests.get(f"{head_stack.head_url}/readyz", timeout=10).json() == {"status": "ok"}
+    assert requests.get(f"{head_url(head_stack)}/readyz", timeout=10).json() == {"status": "ok"}
     assert HEAD_SERVER_NAME in head_stack.pids
     assert (
         "head server ready: 3 server instances"
@@ -71,8 +68,7 @@ def test_head_is_ready_and_logged(head_stack: GymStack) -> None:
 
 def test_run_through_a_discovered_agent(head_stack: GymStack) -> None:
     """An agent found via /server_instances serves /run with inline token ids."""
-    assert head_stack.head_url is not None
-    listed = requests.get(f"{head_stack.head_url}/server_instances", timeout=10).json()
+    listed = requests.get(f"{head_url(head_stack)}/server_instances", timeout=10).json()
     (agent,) = [item for item in listed if item["server_type"] == "responses_api_agents"]
     row = head_stack.example_rows(ENVIRONMENT)[0]
     result = requests.post(f"{agent['url']}/run", json=row, timeout=120).json()
@@ -97,14 +93,14 @@ def _same_deployment(local: ServerDirectory, remote: ServerDirectory) -> None:
 
 
 def test_stack_directory_is_what_discovery_returns(head_stack: GymStack) -> None:
-    """``GymStack.directory()`` describes the deployment exactly as ``ServerDirectory``
+    """``GymStack.directory`` describes the deployment exactly as ``ServerDirectory``
     discovers it from NeMo Gym's head server: same servers, URLs, kinds and configs."""
-    assert head_stack.head_url is not None
-    local = head_stack.directory()
-    remote = ServerDirectory.from_head(head_stack.head_url, wait=30)
+    local = head_stack.directory
+    remote = ServerDirectory.from_head(head_url(head_stack), wait=30)
     _same_deployment(local, remote)
-    assert local.head_url == remote.head_url == head_stack.head_url
-    assert local.agent_url(f"{ENVIRONMENT}_simple_agent") == head_stack.agent_url(ENVIRONMENT)
+    assert local.head_url == remote.head_url
+    assert local.agent_url(f"{ENVIRONMENT}_simple_agent") == agent_url(head_stack, ENVIRONMENT)
+    assert local.default_agent == remote.default_agent == f"{ENVIRONMENT}_simple_agent"
 
 
 def test_stack_task_rows_have_load_rows_ids(head_stack: GymStack) -> None:
@@ -120,14 +116,16 @@ def test_stack_task_rows_have_load_rows_ids(head_stack: GymStack) -> None:
 
 
 def test_manual_stack_directory_plays_rows(stack_factory: StackFactory) -> None:
-    """Without a head server, ``directory()`` is still the deployment: an AgentClient built
+    """Without a head server, ``directory`` is still the deployment: an AgentClient built
     on it plays the stack's task rows to OK rollouts."""
     model = attrs.evolve(stack_factory.model, request_prompt_and_generation_token_ids=True)
     with stack_factory([ENVIRONMENT], model=model) as stack:
-        directory = stack.directory()
+        directory = stack.directory
         assert directory.head_url is None
-        assert directory.agents == stack.agent_urls
-        assert directory.resources_servers == stack.resources_urls
+        assert set(directory.agents) == set(stack.environment(ENVIRONMENT).agents)
+        assert set(directory.resources_servers) == set(
+            stack.environment(ENVIRONMENT).resources_servers
+        )
         with AgentClient(directory) as client:
             (rollout,) = client.run_sync(stack.task_rows(ENVIRONMENT)[:1], eos_token_id=0)
     assert rollout.status is RolloutStatus.OK, rollout.error

@@ -36,7 +36,7 @@ from nemogym_sdk.gym import (
     free_loopback_ports,
     start_serve,
 )
-from nemogym_sdk.gym.config import JUDGE_INSTANCE
+from nemogym_sdk.gym.judges import JUDGE_INSTANCE
 
 from .fakes import TOY_CONFIG, counting_ports, make_venv
 from .stacks import StackFactory
@@ -263,14 +263,14 @@ def _rows(stack: GymStack) -> list[dict[str, Any]]:
             row = dict(row)
             row["agent_ref"] = {
                 "type": "responses_api_agents",
-                "name": stack.default_agents[environment],
+                "name": stack.environment(environment).agent,
             }
             rows.append(row)
     return rows
 
 
 def _play(stack: GymStack) -> list[RawRun]:
-    with AgentClient(stack.agent_urls, timeouts=Timeouts(request=600.0, total=1200.0)) as client:
+    with AgentClient(stack.directory, timeouts=Timeouts(request=600.0, total=1200.0)) as client:
         raws = client.run_raw_sync(_rows(stack))
     for raw in raws:
         assert raw.status is RolloutStatus.OK, raw.error
@@ -311,7 +311,7 @@ def test_default_judge_is_the_policy_backend(
     """Without ``judge`` every judge asks the policy's backend: it answers YES, reward 1."""
     policy = judge_yes.policy_model()
     with stack_factory(ENVIRONMENTS, model=policy) as stack:
-        assert set(stack.model_urls) == {"policy_model", "genrm_model", "judge_model"}
+        assert set(stack.directory.models) == {"policy_model", "genrm_model", "judge_model"}
         before = len(_records(judge_yes))
         raws = _play(stack)
     _check_verdicts(raws, 1.0, YES)
@@ -344,7 +344,7 @@ def test_explicit_judge_scores_every_environment(
             )
             for raw in raws
         ]
-        with Verifier(stack.resources_urls, timeouts=Timeouts(request=300.0)) as verifier:
+        with Verifier(stack.directory, timeouts=Timeouts(request=300.0)) as verifier:
             results = verifier.verify_sync(items)
     _check_verdicts(raws, 0.0, NO)
     for item, result in zip(items, results, strict=True):

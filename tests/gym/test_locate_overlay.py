@@ -37,11 +37,11 @@ def test_env_var_overrides_the_default(tmp_path: Path, monkeypatch: pytest.Monke
     venv = make_venv(tmp_path / "venv")
     monkeypatch.setenv(GYM_VENV_ENV_VAR, str(venv.root))
     found = find_gym_venv()
-    assert found == venv
+    assert found.root == venv.root
     assert found.python == venv.root / "bin" / "python"
     assert found.site_packages == venv.root / "lib" / "python3.13" / "site-packages"
     monkeypatch.setenv(GYM_VENV_ENV_VAR, str(tmp_path / "elsewhere"))
-    assert find_gym_venv(venv.root) == venv
+    assert find_gym_venv(venv.root) == found
     with pytest.raises(GymVenvNotFoundError, match="elsewhere"):
         find_gym_venv()
 

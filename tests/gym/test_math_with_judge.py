@@ -26,7 +26,7 @@ from nemogym_sdk import (
     VerifyItem,
 )
 from nemogym_sdk.gym import GymStack, ServerStartError
-from nemogym_sdk.gym.requirements import STAMP_NAME
+from nemogym_sdk.gym.server_envs import STAMP_NAME
 
 from .stacks import StackFactory
 
@@ -66,12 +66,12 @@ def test_example_rows_play_and_verify_through_the_sdk(stack: GymStack) -> None:
     """Every example row comes back OK from /run, scored by math-verify (no boxed answer: 0)."""
     examples = stack.example_rows(ENVIRONMENT)
     assert len(examples) == 5
-    agent = stack.default_agents[ENVIRONMENT]
+    agent = stack.environment(ENVIRONMENT).agent
     rows = [
         TaskRow(row_id=f"{ENVIRONMENT}:{i}", data={**data, "agent_ref": {"name": agent}})
         for i, data in enumerate(examples)
     ]
-    with AgentClient(stack.agent_urls, timeouts=Timeouts(request=300.0)) as client:
+    with AgentClient(stack.directory, timeouts=Timeouts(request=300.0)) as client:
         raws = client.run_raw_sync(rows)
     assert len(raws) == len(examples)
     for raw, data in zip(raws, examples, strict=True):
@@ -84,14 +84,14 @@ def test_example_rows_play_and_verify_through_the_sdk(stack: GymStack) -> None:
 
 def test_math_verify_scores_boxed_answers(stack: GymStack) -> None:
     """Through Verifier: the expected answer boxed scores 1, another number 0."""
-    (resources,) = stack.resources_urls
+    (resources,) = stack.directory.resources_servers
     row = stack.example_rows(ENVIRONMENT)[0]
     assert row["expected_answer"] == "32"
     items = [
         VerifyItem(resources_server=resources, row=row, completion=f"So \\boxed{{{answer}}}.")
         for answer in ("32", "31")
     ]
-    with Verifier(stack.resources_urls) as verifier:
+    with Verifier(stack.directory) as verifier:
         right, wrong = verifier.verify_sync(items)
     assert right.status is RolloutStatus.OK and right.reward == 1.0, right.error
     assert wrong.status is RolloutStatus.OK and wrong.reward == 0.0, wrong.error
@@ -111,10 +111,10 @@ def test_second_start_reuses_the_cached_venv(
         assert second.reused and second.python == first.python
         assert stamp.stat().st_mtime_ns == mtime
         assert len([p for p in cache.iterdir() if p.is_dir()]) == 1
-        (resources,) = again.resources_urls
+        (resources,) = again.directory.resources_servers
         row = again.example_rows(ENVIRONMENT)[0]
         item = VerifyItem(resources_server=resources, row=row, completion="\\boxed{32}")
-        with Verifier(again.resources_urls) as verifier:
+        with Verifier(again.directory) as verifier:
             (verdict,) = verifier.verify_sync([item])
         assert verdict.reward == 1.0, verdict.error
 

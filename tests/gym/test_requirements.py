@@ -27,8 +27,8 @@ from nemogym_sdk.gym import (
     prepare_server_environment,
     read_server_requirements,
 )
-from nemogym_sdk.gym import requirements as reqs
-from nemogym_sdk.gym.requirements import STAMP_NAME, environment_key
+from nemogym_sdk.gym import server_envs as reqs
+from nemogym_sdk.gym.server_envs import STAMP_NAME, environment_key
 
 FAKE_UV = """\
 import json, os, sys, time

@@ -21,6 +21,7 @@ import pytest
 from nemogym_sdk import (
     AgentClient,
     DriftPolicy,
+    ParseOptions,
     RawRun,
     Rollout,
     RolloutStatus,
@@ -38,7 +39,7 @@ from nemogym_sdk import (
 )
 from nemogym_sdk.gym import GymStack
 
-from .stacks import StackFactory
+from .stacks import StackFactory, head_url
 
 pytestmark = [pytest.mark.gym, pytest.mark.slow]
 
@@ -64,8 +65,7 @@ def stack(stack_factory: StackFactory) -> Iterator[GymStack]:
 @pytest.fixture(scope="module")
 def directory(stack: GymStack) -> ServerDirectory:
     """The deployment as the SDK discovers it from the head server."""
-    assert stack.head_url is not None
-    return ServerDirectory.from_head(stack.head_url, wait=60)
+    return ServerDirectory.from_head(head_url(stack), wait=60)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def played(stack: GymStack, directory: ServerDirectory) -> dict[str, list[RawRun
         count = 1 if environment in LONG_PROMPTS else 2
         for index, data in enumerate(examples[:count]):
             data = dict(data)
-            data.setdefault("agent_ref", {"name": stack.default_agents[environment]})
+            data.setdefault("agent_ref", {"name": stack.environment(environment).agent})
             rows.append(TaskRow(row_id=f"{environment}:{index}", data=data))
     sampling = SamplingParams(temperature=1.0, top_p=1.0)
     with AgentClient(
@@ -91,7 +91,7 @@ def played(stack: GymStack, directory: ServerDirectory) -> dict[str, list[RawRun
 
 
 def _parse(raw: RawRun) -> Rollout:
-    rollout = AgentClient.to_rollout(raw, EOS, on_drift=DriftPolicy.RAISE)
+    rollout = raw.rollout(EOS, ParseOptions(on_drift=DriftPolicy.RAISE))
     assert rollout.status is RolloutStatus.OK, rollout.error
     return rollout
 
@@ -100,8 +100,9 @@ def test_discovery_finds_every_agent_and_resources_server(
     stack: GymStack, directory: ServerDirectory
 ) -> None:
     """ServerDirectory lists the stack's agents and resources servers at their real URLs."""
-    assert directory.agents == stack.agent_urls
-    assert directory.resources_servers == stack.resources_urls
+    assert directory.agents == stack.directory.agents
+    assert directory.resources_servers == stack.directory.resources_servers
+    assert set(directory.agents) == {a for e in stack.environments for a in e.agents}
     for agent in directory.agents:
         assert directory.resources_server_of(agent) in directory.resources_servers
 
@@ -109,9 +110,9 @@ def test_discovery_finds_every_agent_and_resources_server(
 def test_the_stack_and_the_head_describe_one_deployment(
     stack: GymStack, directory: ServerDirectory
 ) -> None:
-    """``stack.directory()`` (built locally) and discovery through the head agree on every
+    """``stack.directory`` (built locally) and discovery through the head agree on every
     server; ``stack.task_rows`` ids are ``load_rows`` ids, for every environment."""
-    local = stack.directory()
+    local = stack.directory
     assert [(s.name, s.server_type, s.implementation, s.url) for s in local.servers()] == [
         (s.name, s.server_type, s.implementation, s.url) for s in directory.servers()
     ]
@@ -227,7 +228,7 @@ def _weather_row(stack: GymStack, environment: str) -> dict[str, Any]:
 
 
 def _resources_name(stack: GymStack, environment: str) -> str:
-    (name,) = [n for n in stack.resources_urls if n.startswith(environment)]
+    (name,) = stack.environment(environment).resources_servers
     return name
 
 
@@ -297,7 +298,7 @@ def test_reward_function_discovers_through_the_head(stack: GymStack) -> None:
         [[call], [{"role": "assistant", "content": "no tool"}], [call]],
         resources_server_ref=[{"name": weather}, {"name": weather}, {"name": "missing"}],
         verify_extra=[row, row, row],
-        head=stack.head_url,
+        head=head_url(stack),
     )
     assert rewards == [1.0, 0.0, 0.0]
     # the unknown server's 0.0 is counted as unscored; the real 0.0 is a score
@@ -315,10 +316,9 @@ def test_readme_example_runs(stack: GymStack, tmp_path: Any) -> None:
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     code = re.search(r"## Use\n.*?```python\n(.*?)```", readme, re.DOTALL)
     assert code is not None
-    assert stack.head_url is not None
     environment = "example_single_tool_call"
     data = tmp_path / "train.jsonl"  # its shipped rows, each naming its agent
-    agent_ref = {"type": "responses_api_agents", "name": stack.default_agents[environment]}
+    agent_ref = {"type": "responses_api_agents", "name": stack.environment(environment).agent}
     data.write_text(
         "".join(
             json.dumps(row | {"agent_ref": agent_ref}) + "\n"
@@ -327,7 +327,7 @@ def test_readme_example_runs(stack: GymStack, tmp_path: Any) -> None:
     )
     source = (
         code.group(1)
-        .replace("127.0.0.1:11000", stack.head_url)
+        .replace("127.0.0.1:11000", head_url(stack))
         .replace("data/train.jsonl", str(data))
         .replace('"cuda"', '"cpu"')
         .replace("max_samples=64", "max_samples=2")  # sizes only: keep the CPU run short

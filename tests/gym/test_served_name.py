@@ -1,13 +1,13 @@
 """check_served_name: NeMo Gym's model servers must request the LoRA adapter by its name.
 
-The unit cases read config mappings; the ``gym`` cases start one real stack (with the
-head server) and check it both from ``GymStack`` and from ``ServerDirectory.from_head``.
+The unit cases read directories built on config mappings; the ``gym`` cases start one real
+stack (with the head server) and check it both from ``GymStack.directory`` and from
+``ServerDirectory.from_head``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from types import SimpleNamespace
 from typing import Any
 
 import attrs
@@ -27,18 +27,22 @@ def vllm_model(base_url: Any, model: str) -> dict[str, Any]:
     return {"responses_api_models": {"vllm_model": {"base_url": base_url, "model": model}}}
 
 
-def config(**servers: Any) -> dict[str, Any]:
-    """A global config: the usual top-level policy keys plus the given server blocks."""
-    return {
-        "policy_base_url": "http://127.0.0.1:8000/v1",
-        "policy_model_name": "policy",
-        "head_server": {"host": "127.0.0.1", "port": 11000},
-        "agent": {"responses_api_agents": {"simple_agent": {"model_server": {"name": "m"}}}},
-        **servers,
-    }
+def config(**servers: Any) -> ServerDirectory:
+    """A directory whose global config has the usual top-level policy keys plus the given
+    server blocks."""
+    return ServerDirectory(
+        [],
+        config={
+            "policy_base_url": "http://127.0.0.1:8000/v1",
+            "policy_model_name": "policy",
+            "head_server": {"host": "127.0.0.1", "port": 11000},
+            "agent": {"responses_api_agents": {"simple_agent": {"model_server": {"name": "m"}}}},
+            **servers,
+        },
+    )
 
 
-# --- unit cases on config mappings -------------------------------------------------------
+# --- unit cases on directories' configs -------------------------------------------------------
 
 
 def test_interpolated_names_and_urls_are_resolved() -> None:
@@ -102,15 +106,12 @@ def test_openai_model_servers_are_checked_too() -> None:
 
 
 def test_deployment_kinds() -> None:
-    """A ServerDirectory without a config, or an object without one, is a ConfigError."""
+    """A ServerDirectory without a config, or anything but a directory, is a ConfigError."""
     with pytest.raises(ConfigError, match="from_head"):
         check_served_name(ServerDirectory.from_urls(agents={"a": "127.0.0.1:1"}), "policy")
-    with pytest.raises(ConfigError, match="cannot read a NeMo Gym global config"):
-        check_served_name(object(), "policy")
-    stack_like = SimpleNamespace(
-        config=SimpleNamespace(global_config=config(m=vllm_model("http://h:1/v1", "policy")))
-    )
-    check_served_name(stack_like, "policy")
+    with pytest.raises(ConfigError, match="takes a ServerDirectory"):
+        check_served_name(object(), "policy")  # type: ignore[arg-type]
+    check_served_name(config(m=vllm_model("http://h:1/v1", "policy")), "policy")
 
 
 # --- one real stack -----------------------------------------------------------------------
@@ -127,11 +128,11 @@ def stack(stack_factory: StackFactory) -> Iterator[GymStack]:
 @pytest.mark.gym
 def test_a_real_stack_requests_the_adapter_by_name(stack: GymStack, backend: PolicyModel) -> None:
     """From the GymStack and from its head server: "policy" passes, "other" is named wrong."""
-    assert stack.head_url is not None
-    directory = ServerDirectory.from_head(stack.head_url)
-    check_served_name(stack, "policy")
+    assert stack.directory.head_url is not None
+    directory = ServerDirectory.from_head(stack.directory.head_url)
+    check_served_name(stack.directory, "policy")
     check_served_name(directory, "policy", backend_url=backend.base_url)
-    for deployment in (stack, directory):
+    for deployment in (stack.directory, directory):
         with pytest.raises(ConfigError) as info:
             check_served_name(deployment, "other", backend_url=backend.base_url)
         message = str(info.value)

@@ -12,8 +12,9 @@ import yaml
 
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.gym import GymStack, PolicyModel
+from nemogym_sdk.gym.builder import child_env
 from nemogym_sdk.gym.process import group_alive
-from nemogym_sdk.gym.requirements import find_uv
+from nemogym_sdk.gym.server_envs import find_uv
 
 from .fakes import make_venv
 
@@ -27,12 +28,15 @@ def _probe(url: str) -> dict[str, object]:
 
 
 def test_each_server_gets_the_config_its_name_and_its_directory(tmp_path: Path) -> None:
-    """Every process sees the whole config, its own instance name, cwd and PYTHONPATH."""
+    """Every process sees the whole config, its own instance name, cwd and PYTHONPATH; the
+    stack's directory lists each at the address it answers on."""
     venv = make_venv(tmp_path / "venv")
     with GymStack(["toy"], MODEL, venv=venv, workdir=tmp_path / "w", ready_timeout=30) as stack:
         written = yaml.safe_load(stack.config_path.read_text())
-        urls = {**stack.agent_urls, **stack.resources_urls, **stack.model_urls}
+        urls = {s.name: s.url for s in stack.directory.servers()}
         assert set(urls) == {"toy", "toy_simple_agent", "policy_model"}
+        assert stack.directory.default_agent == "toy_simple_agent"
+        assert stack.environment("toy").agent == "toy_simple_agent"
         for spec in stack.config.servers:
             probe = _probe(urls[spec.instance])
             server_dir = str(venv.server_dir(spec.server_type, spec.impl))
@@ -56,12 +60,12 @@ def test_server_files_overlay_feeds_the_server_and_spares_the_venv(tmp_path: Pat
         workdir=tmp_path / "w",
         server_files={"resources_servers/toy": {"data/guesses.txt": words}},
     ) as stack:
-        probe = _probe(stack.resources_urls["toy"])
+        probe = _probe(stack.directory.resources_url("toy"))
         overlay = stack.workdir / "servers" / "resources_servers" / "toy"
         assert probe["data"] == "crane\nslate\n"
         assert probe["cwd"] == str(overlay)
         assert probe["file"] == str(overlay / "app.py")
-        agent = _probe(stack.agent_urls["toy_simple_agent"])
+        agent = _probe(stack.directory.agent_url("toy_simple_agent"))
         assert agent["cwd"] == str(venv.server_dir("responses_api_agents", "simple_agent"))
     assert not (venv.resources_server_dir("toy") / "data" / "guesses.txt").exists()
 
@@ -89,24 +93,22 @@ def test_child_environment_is_scrubbed(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv("NEMO_GYM_SOMETHING", "stale")
     stack = GymStack(["toy"], MODEL, venv=venv, workdir=tmp_path / "w", extra_env={"X_EXTRA": "1"})
     with stack:
-        env = stack._child_env("cfg")
-        probe = _probe(stack.resources_urls["toy"])
+        env = child_env(venv, "cfg", {"X_EXTRA": "1"})
+        probe = _probe(stack.directory.resources_url("toy"))
     assert probe["instance"] == "toy"
     assert "/leaked" not in str(probe["pythonpath"])
     assert "PYTHONPATH" not in env and "NEMO_GYM_SOMETHING" not in env
     assert env["NEMO_GYM_CONFIG_DICT"] == "cfg"
     assert env["VIRTUAL_ENV"] == str(venv.root)
     assert env["X_EXTRA"] == "1"
-    assert env["PATH"].split(os.pathsep)[0] == str(venv.root / "bin")
+    assert env["PATH"].split(os.pathsep)[0] == str(venv.python.parent)
     assert json.loads(json.dumps(env))  # plain strings only
 
 
 def test_servers_find_the_sdks_uv_on_their_path(tmp_path: Path) -> None:
     """NeMo Gym's launcher runs servers with uv on PATH and some use it at start-up; the
     stack puts the uv it builds per-server venvs with first on its servers' PATH."""
-    stack = GymStack(
-        ["toy"], PolicyModel(base_url="http://x/v1", model="m"), venv=make_venv(tmp_path / "v")
-    )
-    path = stack._child_env("config: {}")["PATH"].split(os.pathsep)
-    assert path[0] == str(tmp_path / "v" / "bin")
+    venv = make_venv(tmp_path / "v")
+    path = child_env(venv, "config: {}", {})["PATH"].split(os.pathsep)
+    assert path[0] == str(venv.python.parent)
     assert path[1] == str(Path(find_uv()[0]).parent)

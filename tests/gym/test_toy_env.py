@@ -26,6 +26,7 @@ import pytest
 
 from nemogym_sdk import (
     AgentClient,
+    ParseOptions,
     RawRun,
     Rollout,
     RolloutStatus,
@@ -48,7 +49,7 @@ from nemogym_sdk.gym.locate import sdk_environment_names
 
 from ..test_toy_rules import load_rules
 from .fakes import TOY_CONFIG, counting_ports, make_venv
-from .stacks import StackFactory
+from .stacks import StackFactory, head_url
 
 ENV = "target_chars"
 TOY_DIR = SDK_ENVS_DIR / ENV
@@ -85,7 +86,8 @@ def test_stack_config_finds_the_sdk_environment(tmp_path: Path) -> None:
     assert setup.example_path == TOY_DIR / "data" / "example.jsonl"
     assert setup.train_path == TOY_DIR / "data" / "train.jsonl"
     assert (setup.agents, setup.agent_impls) == (("target_chars_agent",), ("gymnasium_agent",))
-    assert setup.resources_servers == (ENV,) and setup.dropped == ()
+    assert setup.resources_servers == (ENV,)
+    assert setup.dropped == ("target_chars_environment_server",)  # the legacy_agent relay
     assert toy.train_path is None
     agent = stack.global_config["target_chars_agent"]["responses_api_agents"]["gymnasium_agent"]
     assert agent["max_steps"] == 3 == rules.DEFAULT_NUM_ROUNDS
@@ -167,10 +169,9 @@ def played(stack_factory: StackFactory, before: Snapshot) -> Iterator[dict[str, 
         patch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
         manual = stack_factory([ENV]).start()
         head = stack_factory([ENV], head_server=True).start()
-    assert head.head_url is not None
     directories = {
-        "manual": ServerDirectory.from_urls(agents=manual.agent_urls),
-        "head": ServerDirectory.from_head(head.head_url, wait=60),
+        "manual": manual.directory,
+        "head": ServerDirectory.from_head(head_url(head), wait=60),
     }
     result: dict[str, Played] = {}
     for mode, stack in (("manual", manual), ("head", head)):
@@ -178,7 +179,7 @@ def played(stack_factory: StackFactory, before: Snapshot) -> Iterator[dict[str, 
         timeouts = Timeouts(request=300.0, total=600.0)
         with AgentClient(directories[mode], timeouts=timeouts) as client:
             raws = client.run_raw_sync(rows, num_generations=2)
-        runs = [(raw, AgentClient.to_rollout(raw, EOS, on_drift="raise")) for raw in raws]
+        runs = [(raw, raw.rollout(EOS, ParseOptions(on_drift="raise"))) for raw in raws]
         result[mode] = Played(stack=stack, directory=directories[mode], runs=runs)
     yield result
 
@@ -210,9 +211,9 @@ MODES = ["manual", "head"]
 def test_head_server_discovery_finds_the_stack(played: dict[str, Played]) -> None:
     """ServerDirectory.from_head lists the stack's agent and resources server."""
     head = played["head"]
-    assert head.directory.agents == head.stack.agent_urls
+    assert head.directory.agents == head.stack.directory.agents
     assert list(head.directory.agents) == ["target_chars_agent"]
-    assert head.directory.resources_servers == head.stack.resources_urls
+    assert head.directory.resources_servers == head.stack.directory.resources_servers
     assert head.directory.resources_server_of("target_chars_agent") == ENV
 
 
@@ -279,7 +280,7 @@ def test_bad_rows_and_steps_without_reset_are_client_errors(played: dict[str, Pl
     """/reset refuses a row with a bad task field (422); /step without /reset is a 409."""
     import requests
 
-    url = played["manual"].stack.resources_urls[ENV]
+    url = played["manual"].stack.directory.resources_url(ENV)
     row = dict(rules.example_rows()[0], seed="one")
     response = requests.post(f"{url}/reset", json=row, timeout=30)
     assert response.status_code == 422 and "seed must be an integer" in response.text

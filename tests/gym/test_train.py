@@ -67,7 +67,7 @@ def test_trainer_runs_checkpoints_and_resumes(gym_venv: object, tmp_path: Path) 
         check=True,
     ).stdout
     assert f"device {AUTO_DEVICE}; 16 rollouts per step; medians of 3 of 4 steps" in breakdown
-    for phase in ("rollout", "parse/collate", "learner", "sync"):
+    for phase in ("rollout", "collate", "learner", "sync"):
         assert re.search(rf"^{re.escape(phase)} +\d+\.\d{{3}} +\d+\.\d%$", breakdown, re.M)
 
     train(out, "--steps", "6", "--rows-per-step", "2", "--checkpoint-every", "2", "--resume")

@@ -1,8 +1,10 @@
-"""GRPO through real NeMo Gym learns, in one process and under torchrun with two.
+"""GRPO through real NeMo Gym learns, in the plain PyTorch loop of ``examples/torch_grpo.py``.
 
-Both tests run ``examples/torch_grpo.py`` (a loop written only from SDK parts: AgentClient ->
-parse/collate -> grpo -> adapters.torch.train_step -> LoraSync) against the toy environment
-``target_chars`` and ``nemogym_sdk.serve`` sampling the current LoRA adapter by its name.
+The example (a loop written only from SDK parts: AgentClient -> collate -> grpo ->
+adapters.torch.train_step -> LoraSync) runs against the toy environment ``target_chars`` and
+``nemogym_sdk.serve`` sampling the current LoRA adapter by its name. (Two ranks against one
+process: ``tests/adapters/test_two_ranks.py`` for the learner, ``tests/gym/test_train.py``
+for the reference trainer under torchrun.)
 
 The logprob-mismatch bound: sampler and learner are the same fp32 weights and the same
 processed distribution; they differ only in how the sums run (the server decodes one token at
@@ -56,10 +58,11 @@ def test_grpo_through_real_nemo_gym_learns(gym_venv: object, tmp_path: Path) -> 
     out = tmp_path / "run"
     run_example([sys.executable, str(EXAMPLE), "--steps", "20", "--out", str(out)], out, 900)
     steps = metrics(out)
-    summary = json.loads((out / "summary.json").read_text())
     assert len(steps) == 20
-    print(f"learning curve: first5 {summary['first5']:.3f} last5 {summary['last5']:.3f}")
-    assert summary["last5"] >= summary["first5"] + 0.3, summary["curve"]
+    curve = [s["reward_mean"] for s in steps]
+    first5, last5 = sum(curve[:5]) / 5, sum(curve[-5:]) / 5
+    print(f"learning curve: first5 {first5:.3f} last5 {last5:.3f}")
+    assert last5 >= first5 + 0.3, curve
     for step in steps:
         assert step["served_version"] == step["adapter_version"] == step["step"] + 1
         assert step["ok_fraction"] == 1.0 and step["turns_mean"] == 3.0
@@ -67,29 +70,3 @@ def test_grpo_through_real_nemo_gym_learns(gym_venv: object, tmp_path: Path) -> 
         assert step["mismatch_mean"] < MISMATCH_MEAN, step
         assert step["stepped"] == 1.0 and step["tokens"] > 0
     print("mismatch max over steps:", max(s["mismatch_max"] for s in steps))
-
-
-def test_two_ranks_match_one_process(gym_venv: object, tmp_path: Path) -> None:
-    """torchrun, 2 ranks (gloo): rollouts sharded by whole groups, gradients summed, rank 0
-    syncs. Step 0's summed gradient equals one process's gradient on the whole batch (other
-    micro-batches, so other summation order: relative error below 1e-5 of the largest
-    gradient entry), and after 3 steps both ranks hold bitwise-identical, changed weights."""
-    out = tmp_path / "run"
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
-    argv += ["--master_port", str(_free_port())]
-    argv += [str(EXAMPLE), "--steps", "3", "--check-gradients", "--out", str(out)]
-    run_example(argv, out, 600)
-    check = json.loads((out / "summary.json").read_text())["gradient_check"]
-    print("gradient check:", check)
-    assert check["max_abs_grad"] > 0
-    assert check["max_abs_diff"] <= 1e-5 * check["max_abs_grad"]
-    finals = [json.loads((out / f"final_rank{r}.json").read_text()) for r in (0, 1)]
-    assert finals[0]["weights_sha256"] == finals[1]["weights_sha256"]
-    assert finals[0]["weights_sha256"] != finals[0]["initial_weights_sha256"]
-    assert [s["served_version"] for s in metrics(out)] == [1, 2, 3]
-
-
-def _free_port() -> int:
-    from nemogym_sdk.gym import free_loopback_ports
-
-    return free_loopback_ports(1)[0]

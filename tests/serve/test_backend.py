@@ -10,7 +10,7 @@ import torch
 
 from nemogym_sdk.serve.backend import CausalLMBackend
 from nemogym_sdk.serve.errors import BadRequestError
-from nemogym_sdk.serve.protocol import SamplingParams
+from nemogym_sdk.serve.protocol import RequestSampling
 
 EOS = 258
 
@@ -46,7 +46,7 @@ def test_sampled_logprobs_match_teacher_forcing_the_same_tokens(
     backend: CausalLMBackend, prompt: list[int]
 ) -> None:
     """KV-cached generation reports the same logprobs as re-scoring its tokens in one pass."""
-    params = SamplingParams(max_tokens=16, temperature=1.0, seed=5, ignore_eos=True)
+    params = RequestSampling(max_tokens=16, temperature=1.0, seed=5, ignore_eos=True)
     generation = backend.sample(prompt, params, seed=5)
     rescored = backend.score(prompt, generation.token_ids)
     assert len(generation.tokens) == 16 and generation.finish_reason == "length"
@@ -57,7 +57,7 @@ def test_sampled_logprobs_match_teacher_forcing_the_same_tokens(
 
 def test_sampling_is_reproducible_by_seed(backend: CausalLMBackend, prompt: list[int]) -> None:
     """The same seed gives the same tokens; other seeds give other tokens."""
-    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    params = RequestSampling(max_tokens=12, ignore_eos=True)
     runs = {s: backend.sample(prompt, params, seed=s).token_ids for s in (1, 1, 2, 3)}
     assert backend.sample(prompt, params, seed=1).token_ids == runs[1]
     assert len({tuple(v) for v in runs.values()}) == 3
@@ -67,12 +67,15 @@ def test_greedy_and_degenerate_filters_pick_the_argmax(
     backend: CausalLMBackend, prompt: list[int]
 ) -> None:
     """temperature 0, top_k 1 and a tiny top_p all choose the most likely token every step."""
-    greedy = backend.sample(prompt, SamplingParams(max_tokens=8, temperature=0.0), seed=0)
+    greedy = backend.sample(prompt, RequestSampling(max_tokens=8, temperature=0.0), seed=0)
     for token in greedy.tokens:
         assert token.top == ()
     rescored = backend.score(prompt, greedy.token_ids, top_logprobs=1)
     assert all(t.top[0][0] == t.token_id for t in rescored)
-    for params in (SamplingParams(max_tokens=8, top_k=1), SamplingParams(max_tokens=8, top_p=1e-6)):
+    for params in (
+        RequestSampling(max_tokens=8, top_k=1),
+        RequestSampling(max_tokens=8, top_p=1e-6),
+    ):
         assert backend.sample(prompt, params, seed=9).token_ids == greedy.token_ids
 
 
@@ -92,11 +95,11 @@ def test_stop_token_ids_and_stop_strings_end_generation(
 ) -> None:
     """A stop token id ends with stop_reason = id; a stop string ends, text cut before it."""
     free = backend.sample(
-        prompt, SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True), seed=0
+        prompt, RequestSampling(max_tokens=20, temperature=0.0, ignore_eos=True), seed=0
     )
     first = free.token_ids[0]
     by_id = backend.sample(
-        prompt, SamplingParams(max_tokens=20, temperature=0.0, stop_token_ids=(first,)), seed=0
+        prompt, RequestSampling(max_tokens=20, temperature=0.0, stop_token_ids=(first,)), seed=0
     )
     assert by_id.token_ids == [first]
     assert (by_id.finish_reason, by_id.stop_reason) == ("stop", first)
@@ -104,7 +107,7 @@ def test_stop_token_ids_and_stop_strings_end_generation(
     stop = text[3:5]
     by_text = backend.sample(
         prompt,
-        SamplingParams(max_tokens=20, temperature=0.0, stop=(stop,), ignore_eos=True),
+        RequestSampling(max_tokens=20, temperature=0.0, stop=(stop,), ignore_eos=True),
         seed=0,
     )
     assert by_text.finish_reason == "stop" and by_text.stop_reason == stop
@@ -132,7 +135,7 @@ def test_generation_stops_at_eos_and_includes_it() -> None:
     """A model that always prefers EOS stops after one token, which is the EOS, finish "stop"."""
     backend = CausalLMBackend.tiny(0)
     backend.model.lm_head = _PreferEOS(backend.model.lm_head)
-    generation = backend.sample([104, 105], SamplingParams(max_tokens=10), seed=0)
+    generation = backend.sample([104, 105], RequestSampling(max_tokens=10), seed=0)
     assert generation.token_ids == [EOS]
     assert generation.finish_reason == "stop" and generation.stop_reason is None
 

@@ -15,10 +15,11 @@ pytest.importorskip("transformers")
 
 import torch
 
+from nemogym_sdk.devices import torch_device as resolve_device
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.serve.__main__ import build_parser, main
-from nemogym_sdk.serve.backend import CausalLMBackend, resolve_device
-from nemogym_sdk.serve.protocol import SamplingParams
+from nemogym_sdk.serve.backend import CausalLMBackend
+from nemogym_sdk.serve.protocol import RequestSampling
 from nemogym_sdk.serve.tiny import save_tiny
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,7 +67,7 @@ def test_device_is_refused_with_the_vllm_backend(
 def test_cpu_and_auto_sample_exactly_as_the_default_backend(tmp_path: Path) -> None:
     """device cpu (and auto, without a GPU) gives the default backend's tokens and logprobs
     for the same seed, from the in-process tiny model and from a saved directory."""
-    params = SamplingParams(max_tokens=10, temperature=1.0, ignore_eos=True)
+    params = RequestSampling(max_tokens=10, temperature=1.0, ignore_eos=True)
     default = CausalLMBackend.tiny(3)
     prompt = default.prompt_ids([{"role": "user", "content": "Name a colour."}])
     expected = default.sample(prompt, params, seed=7)

@@ -10,8 +10,8 @@ pytest.importorskip("transformers")
 
 from nemogym_sdk.serve.backend import CausalLMBackend
 from nemogym_sdk.serve.engine import ServeEngine
-from nemogym_sdk.serve.protocol import SamplingParams
-from nemogym_sdk.serve.sampling import MASKED_LOGPROB
+from nemogym_sdk.serve.interface import MASKED_LOGPROB
+from nemogym_sdk.serve.protocol import RequestSampling
 
 EOS = 258
 
@@ -36,7 +36,7 @@ def test_plain_sampling_reports_the_same_logprobs_in_both_modes(
     backend: CausalLMBackend, prompt: list[int]
 ) -> None:
     """Temperature 1 without truncation: processed = raw, token for token."""
-    params = SamplingParams(max_tokens=8)
+    params = RequestSampling(max_tokens=8)
     raw = backend.sample(prompt, params, seed=3)
     processed = backend.sample(prompt, params, seed=3, logprobs_mode="processed_logprobs")
     assert raw.token_ids == processed.token_ids
@@ -48,7 +48,7 @@ def test_processed_mode_renormalises_over_the_kept_tokens(
 ) -> None:
     """top_k=1 keeps one token per step: it is drawn with probability 1 (logprob 0), while the
     raw logprob of the same token is the model's, well below 0."""
-    params = SamplingParams(max_tokens=6, top_k=1, temperature=0.8)
+    params = RequestSampling(max_tokens=6, top_k=1, temperature=0.8)
     processed = backend.sample(prompt, params, seed=0, logprobs_mode="processed_logprobs")
     raw = backend.sample(prompt, params, seed=0)
     assert raw.token_ids == processed.token_ids
@@ -66,7 +66,7 @@ def test_processed_temperature_is_log_softmax_of_scaled_logits(
         backend.score(
             prompt,
             forced,
-            params=SamplingParams(temperature=0.5),
+            params=RequestSampling(temperature=0.5),
             logprobs_mode="processed_logprobs",
         )
     )
@@ -88,7 +88,7 @@ def test_tokens_outside_the_support_are_reported_like_vllm(
     scored = backend.score(
         prompt,
         forced,
-        params=SamplingParams(top_k=1),
+        params=RequestSampling(top_k=1),
         logprobs_mode="processed_logprobs",
         top_logprobs=3,
     )

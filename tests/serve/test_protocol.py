@@ -9,7 +9,7 @@ import pytest
 from nemogym_sdk.serve.errors import BadRequestError, NotFoundError, error_body
 from nemogym_sdk.serve.protocol import (
     ChatRequest,
-    SamplingParams,
+    RequestSampling,
     TokenizeRequest,
     TokenLogprob,
     chat_completion_body,
@@ -32,7 +32,7 @@ def test_chat_request_defaults_match_vllm() -> None:
         False,
         False,
     )
-    assert request.sampling == SamplingParams()
+    assert request.sampling == RequestSampling()
     assert request.tools is None
 
 
@@ -55,7 +55,7 @@ def test_chat_request_reads_what_vllm_model_sends() -> None:
         }
     )
     assert request.logprobs and request.return_token_ids and request.return_tokens_as_token_ids
-    assert request.sampling == SamplingParams(
+    assert request.sampling == RequestSampling(
         max_tokens=7, temperature=0.5, top_p=0.9, seed=3, stop=("END",)
     )
     assert request.tools is not None and len(request.tools) == 1

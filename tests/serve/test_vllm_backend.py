@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 
 from nemogym_sdk.serve import ServeEngine, ServerThread
 from nemogym_sdk.serve.errors import BadGatewayError
-from nemogym_sdk.serve.protocol import SamplingParams
+from nemogym_sdk.serve.protocol import RequestSampling
 from nemogym_sdk.serve.record import SamplingRecorder, read_records, turn_key
 from nemogym_sdk.serve.template import ChatTemplate
 from nemogym_sdk.serve.tiny import build_tiny_tokenizer
@@ -64,7 +64,7 @@ def _chat(server: ServerThread, **body: Any) -> requests.Response:
 
 def test_completion_request_carries_token_ids_and_every_sampling_param() -> None:
     """The body sent to vLLM: the prompt as ids, the request's sampling, token ids back."""
-    params = SamplingParams(
+    params = RequestSampling(
         max_tokens=7, temperature=0.7, top_p=0.9, top_k=5, stop=("\n",), stop_token_ids=(9,)
     )
     body = completion_request([1, 2, 3], params, model="policy", seed=11, max_tokens=7)

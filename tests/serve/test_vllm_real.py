@@ -123,10 +123,10 @@ def test_proxy_keeps_every_rollout_contiguous_where_plain_vllm_drifts(
         GymStack(["target_chars"], proxy.policy_model(), workdir=tmp_path / "ours") as stack,
     ):
         rows = stack.example_rows("target_chars") * ROLLOUTS_PER_ROW
-        ours = _run_all(stack.agent_url("target_chars"), rows)
+        ours = _run_all(stack.directory.agent_url("target_chars_agent"), rows)
     plain_model = PolicyModel(base_url=server.base_url, model=SERVED)
     with GymStack(["target_chars"], plain_model, workdir=tmp_path / "plain") as stack:
-        plain = _run_all(stack.agent_url("target_chars"), rows)
+        plain = _run_all(stack.directory.agent_url("target_chars_agent"), rows)
 
     ours_drift = [_drift_turn(raw) for raw in ours]
     plain_drift = [_drift_turn(raw) for raw in plain]

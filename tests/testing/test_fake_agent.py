@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nemogym_sdk import AgentClient, RetryPolicy, RolloutStatus, Timeouts
-from nemogym_sdk.testing import Episode, FakeAgent, Fault, Script, always, burst, episodes
+from nemogym_sdk.testing import Episode, FakeAgent, Fault, FaultScript, always, burst, episodes
 from nemogym_sdk.testing.fake_agent import RETRYABLE, fake_agent
 from tests.fakes import SINGLE_TURN
 
@@ -80,7 +80,7 @@ async def test_the_plan_default_and_the_log(nemo_gym_agent: Callable[..., FakeAg
     and cookies, and raw bytes are served as they are."""
     agent = nemo_gym_agent(
         [b'{"response": {"output": []}, "reward": 0.5}'],
-        {"t1": Script()},
+        {"t1": FaultScript()},
         default=burst(Fault.HTTP_429, 1),
         retry_after=0.0,
     )

@@ -67,35 +67,52 @@ def seed(rollout: Any) -> dict[str, Any]:
 # --- what the property checks find ----------------------------------------------------------
 
 
-def test_the_checks_find_four_defects_in_the_peer_and_none_in_ours(peer: Any) -> None:
-    """The peer passes stitching and env-token masking, and fails drift, logprobs, failure
-    shapes and crash-freedom; each shrunk counterexample is handled by our parser."""
+PEER_FINDINGS = [
+    "logprob_count_mismatch_not_trained",
+    "drift_rejected[retokenized]",
+    "drift_rejected[stripped]",
+    "drift_rejected[rerendered]",
+    "failures_not_trained[mask_sample]",
+    "failures_not_trained[invalid_reward]",
+    "failures_not_trained[invalid_logprobs]",
+    "failures_not_trained[invalid_token_ids]",
+    "never_crashes[dicts]",
+]
+"""The checks the peer fails (``docs/testing.md``), in ``CHECKS`` order."""
+
+
+def test_the_checks_find_the_peers_defects_and_none_in_ours(peer: Any) -> None:
+    """The peer passes every ground-truth check (stitching, both masks, logprobs, reward,
+    num_turns) and the agent-error, empty and missing-token-id shapes; it fails drift
+    (every kind), the logprob count, four failure shapes and crash-freedom. Each shrunk
+    counterexample is handled by our parser."""
     found = find_failures(Parser(parse=lambda r: peer(r, EOS), name="axolotl"), settings=QUICK)
-    assert sorted(found) == ["drift_rejected", "failures_not_trained", "logprobs", "never_crashes"]
+    assert list(found) == PEER_FINDINGS
 
-    drift = found["drift_rejected"].counterexample
-    assert isinstance(drift, Episode) and drift.num_turns == 2 and drift.drift_turns == {1}
-    forked = parse_agent_response(drift.response, EOS, on_drift=DriftPolicy.FORK).samples()
-    assert [s.status for s in forked] == [RolloutStatus.OK, RolloutStatus.OK]
-    assert [seed(s) for s in forked] == [
-        {k: drift.expected_sample([t])[k] for k in ("prompt_ids", "completion_ids", "env_mask")}
-        for t in (0, 1)
-    ]
-    assert parse_agent_response(drift.response, EOS).status is RolloutStatus.DRIFT
+    for kind in ("retokenized", "stripped", "rerendered"):
+        drift = found[f"drift_rejected[{kind}]"].counterexample
+        assert isinstance(drift, Episode) and drift.num_turns == 2 and drift.drift_turns == {1}
+        assert drift.drift_kinds == ((1, kind),)
+        forked = parse_agent_response(drift.response, EOS, on_drift=DriftPolicy.FORK).samples()
+        assert [s.status for s in forked] == [RolloutStatus.OK, RolloutStatus.OK]
+        assert [seed(s) for s in forked] == [
+            {k: drift.expected_sample([t])[k] for k in ("prompt_ids", "completion_ids", "env_mask")}
+            for t in (0, 1)
+        ]
+        assert parse_agent_response(drift.response, EOS).status is RolloutStatus.DRIFT
 
-    episode, response, broken = found["logprobs"].counterexample
-    assert broken is not None and episode.num_turns == 1
-    assert len(response["response"]["output"][0]["generation_log_probs"]) != len(
-        episode.generations[0]
-    )
-    assert parse_agent_response(response, EOS).status is RolloutStatus.INVALID
+    miscounted = found["logprob_count_mismatch_not_trained"].counterexample
+    assert isinstance(miscounted, FailureCase) and miscounted.episode.num_turns == 1
+    assert miscounted.turn == 0 and miscounted.kind == "logprob_count_mismatch"
+    assert parse_agent_response(miscounted.response, EOS).status is RolloutStatus.INVALID
 
-    failure = found["failures_not_trained"].counterexample
-    assert isinstance(failure, FailureCase) and failure.kind == "mask_sample"
-    assert parse_agent_response(failure.response, EOS).status is RolloutStatus.MASKED
+    for kind in ("mask_sample", "invalid_reward", "invalid_logprobs", "invalid_token_ids"):
+        failure = found[f"failures_not_trained[{kind}]"].counterexample
+        assert isinstance(failure, FailureCase) and failure.kind == kind
+        assert parse_agent_response(failure.response, EOS).status is failure.status
 
-    crash = found["never_crashes"]
-    assert "parsing raised" in crash.message
+    crash = found["never_crashes[dicts]"]
+    assert "parsing raised" in crash.message and "input (decoded JSON): " in crash.message
     assert parse_agent_response(crash.counterexample, EOS).status is not RolloutStatus.OK
 
     assert find_failures(sdk_parser(DriftPolicy.MARK), settings=QUICK) == {}
@@ -207,6 +224,26 @@ def test_a_nan_reward_is_trained(peer: Any) -> None:
     assert math.isnan(out["reward"]) and out["env_mask"] == [1]
     status = parse_agent_response(run_result(([3], [4], [-0.5]), reward=math.nan), EOS).status
     assert status is RolloutStatus.INVALID
+
+
+@pytest.mark.parametrize(
+    ("turn", "field", "peer_value"),
+    [
+        (([3], [4], [math.nan]), "logprobs", [math.nan]),
+        ((["3"], [4], [-0.5]), "prompt_ids", ["3"]),
+        (([3], [4.5], [-0.5]), "completion_ids", [4.5]),
+    ],
+    ids=["nan-logprob", "string-token", "float-token"],
+)
+def test_entries_of_the_wrong_type_are_trained(
+    peer: Any, turn: tuple[list[Any], list[Any], list[float]], field: str, peer_value: list[Any]
+) -> None:
+    """A NaN logprob, a token id sent as a string or as a float is copied into the
+    peer's trainable sample as it came. Ours: INVALID, nothing trained."""
+    out = peer(run_result(turn), EOS)
+    assert out["env_mask"] == [1]
+    assert repr(out[field]) == repr(peer_value)
+    assert parse_agent_response(run_result(turn), EOS).status is RolloutStatus.INVALID
 
 
 def test_an_agent_error_reads_as_reward_zero(peer: Any) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given
+from hypothesis import find, given
 
 from nemogym_sdk import DriftPolicy, RolloutStatus, parse_agent_response
 from nemogym_sdk.testing import (
@@ -80,3 +80,21 @@ def test_raw_responses_never_break_our_parser(raw: bytes) -> None:
         json.loads(raw)
     except ValueError:
         assert rollout.status is RolloutStatus.INVALID
+
+
+def test_rewards_are_drawn_as_json_carries_them() -> None:
+    """Episodes draw float rewards and integer ones (JSON ``1`` decodes to ``int``), and
+    the response carries the reward as drawn."""
+    for kind in (int, float):
+        episode = find(episodes(), lambda e, kind=kind: type(e.reward) is kind and e.reward != 0)
+        sent = json.loads(json.dumps(episode.response))["reward"]
+        assert type(sent) is kind and sent == episode.reward
+
+
+@given(drifted_episodes(drift_kinds=("stripped",), max_turns=4))
+def test_drift_kinds_limit_how_an_episode_drifts(episode: Episode) -> None:
+    """Only the asked-for kind drifts, and no turn before the first drift does."""
+    assert {kind for _, kind in episode.drift_kinds} == {"stripped"}
+    first = min(episode.drift_turns)
+    for turn in range(1, first):
+        assert episode.prompts[turn][: len(episode.history(turn))] == episode.history(turn)

@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import attrs
-
+from nemogym_sdk import ranks
 from nemogym_sdk.adapters.axolotl.dataset import build_dataset, row_of
 from nemogym_sdk.adapters.axolotl.hooks import AxolotlPluginHooks
 from nemogym_sdk.adapters.axolotl.rewards import nemo_gym_verify_reward
@@ -41,28 +40,15 @@ from nemogym_sdk.adapters.axolotl.settings import (
     apply_config_defaults,
     cfg_get,
 )
+from nemogym_sdk.directory import ServerDirectory
 from nemogym_sdk.errors import ConfigError, DiscoveryError, UnknownAgentError
 from nemogym_sdk.records import TaskRow
 
-__all__ = ["Deployment", "NemoGymPlugin", "check_reward_functions", "discover"]
+__all__ = ["NemoGymPlugin", "check_reward_functions", "discover"]
 
 logger = logging.getLogger(__name__)
 
 ARGS_MODEL = "nemogym_sdk.adapters.axolotl.args.NemoGymArgs"
-
-
-@attrs.frozen(kw_only=True)
-class Deployment:
-    """What the main process learned from NeMo Gym at start (plain data, sent to every rank)."""
-
-    agents: Mapping[str, str]
-    """Agent instance name -> base URL."""
-    resources_servers: Mapping[str, str]
-    """Resources server instance name -> base URL."""
-    default_agent: str | None
-    """Agent for rows without ``agent_ref``."""
-    resources_of_agent: Mapping[str, str]
-    """Agent -> the resources server its config names."""
 
 
 def check_reward_functions(reward_funcs: Sequence[object], settings: NemoGymSettings) -> None:
@@ -104,86 +90,61 @@ def _rows(dataset: Any) -> list[TaskRow]:
     return [row_of(dataset[i]) for i in range(len(dataset))]
 
 
-def discover(settings: NemoGymSettings, rows: Sequence[TaskRow]) -> Deployment:
+def discover(settings: NemoGymSettings, rows: Sequence[TaskRow]) -> ServerDirectory:
     """Ask the head server for the deployment and check that every row can be served.
+
+    Returns the deployment (``nemo_gym_default_agent`` set as its default agent; without
+    it, the only agent is the default: ``ServerDirectory.default_agent``).
 
     Raises:
         NotReadyError: the head server did not answer within ``discovery_timeout``.
         UnknownAgentError: a row names an agent that is not deployed, or has no agent and
-            no default agent can be chosen (the row id says which).
-        DiscoveryError: single-turn: a row's resources server cannot be found.
+            no default agent can be chosen (the row id says which), or
+            ``nemo_gym_default_agent`` is not deployed.
+        DiscoveryError: single-turn: a row's resources server cannot be found
+            (``nemogym_sdk.verify.resources_server_for``).
         ConfigError: agent mode: NeMo Gym's model server does not request the adapter
             name (``check_served_name``).
     """
-    from nemogym_sdk.directory import ServerDirectory
     from nemogym_sdk.lora import check_served_name
+    from nemogym_sdk.verify import resources_server_for
 
     directory = ServerDirectory.from_head(settings.head_url, wait=settings.discovery_timeout)
-    agents = directory.agents
-    default = settings.default_agent
-    if default is None and len(agents) == 1:
-        default = next(iter(agents))
-    if default is not None and default not in agents:
-        raise UnknownAgentError(
-            f"nemo_gym_default_agent {default!r} is not deployed; agents at "
-            f"{settings.head_url}: {', '.join(agents) or '(none)'}"
-        )
-    resources_of = {
-        agent: name
-        for agent in agents
-        if (name := directory.resources_server_of(agent)) is not None
-    }
-    deployment = Deployment(
-        agents=dict(agents),
-        resources_servers=dict(directory.resources_servers),
-        default_agent=default,
-        resources_of_agent=resources_of,
-    )
+    try:
+        directory = directory.with_default_agent(settings.default_agent)
+    except UnknownAgentError as exc:
+        raise UnknownAgentError(f"nemo_gym_default_agent: {exc} (at {settings.head_url})") from None
     for row in rows:
-        agent = row.agent_name or default
-        if settings.multi_turn and (agent is None or agent not in agents):
-            raise UnknownAgentError(
-                f"row {row.row_id} names agent {agent!r}, which is not deployed at "
-                f"{settings.head_url} (agents: {', '.join(agents) or '(none)'}); rows are "
-                "never sent to another agent instead"
-                if agent is not None
-                else f"row {row.row_id} has no agent_ref and the deployment has "
-                f"{len(agents)} agents ({', '.join(agents)}): set nemo_gym_default_agent"
-            )
-        if not settings.multi_turn:
-            resources_for(row, deployment, settings)
+        if settings.multi_turn:
+            _check_agent(row, directory, settings)
+        else:
+            try:
+                resources_server_for(row.data, directory, default=settings.resources_server)
+            except DiscoveryError as exc:
+                raise DiscoveryError(
+                    f"row {row.row_id}: {exc}. Set nemo_gym_resources_server or the row's "
+                    "resources_server_ref.name"
+                ) from None
     if settings.multi_turn:
         assert settings.sampler_url is not None  # NemoGymSettings requires it in this mode
         check_served_name(directory, settings.adapter_name, backend_url=settings.sampler_url)
-    return deployment
+    return directory
 
 
-def resources_for(row: Mapping[str, Any] | TaskRow, deployment: Deployment, settings: Any) -> str:
-    """The resources server that scores ``row`` (single-turn).
-
-    In order: the row's ``resources_server_ref.name``; ``nemo_gym_resources_server``; the
-    resources server of the row's agent; the only resources server deployed.
-    """
-    data = row.data if isinstance(row, TaskRow) else row
-    ref = data.get("resources_server_ref")
-    name = ref.get("name") if isinstance(ref, Mapping) else None
-    agent_ref = data.get("agent_ref")
-    agent = agent_ref.get("name") if isinstance(agent_ref, Mapping) else None
-    agent = agent or deployment.default_agent
-    servers = deployment.resources_servers
-    if not isinstance(name, str):
-        name = settings.resources_server
-    if name is None and agent is not None:
-        name = deployment.resources_of_agent.get(agent)
-    if name is None and len(servers) == 1:
-        name = next(iter(servers))
-    if name is None or name not in servers:
-        raise DiscoveryError(
-            f"no resources server for a row (named: {name!r}); deployed: "
-            f"{', '.join(servers) or '(none)'}. Set nemo_gym_resources_server or the row's "
-            "resources_server_ref.name"
+def _check_agent(row: TaskRow, directory: ServerDirectory, settings: NemoGymSettings) -> None:
+    agents = directory.agents
+    agent = row.agent_name or directory.default_agent
+    if agent is None:
+        raise UnknownAgentError(
+            f"row {row.row_id} has no agent_ref and the deployment has {len(agents)} agents "
+            f"({', '.join(agents)}): set nemo_gym_default_agent"
         )
-    return name
+    if agent not in agents:
+        raise UnknownAgentError(
+            f"row {row.row_id} names agent {agent!r}, which is not deployed at "
+            f"{settings.head_url} (agents: {', '.join(agents) or '(none)'}); rows are never "
+            "sent to another agent instead"
+        )
 
 
 class NemoGymPlugin(AxolotlPluginHooks):
@@ -197,8 +158,8 @@ class NemoGymPlugin(AxolotlPluginHooks):
     def __init__(self) -> None:
         self.settings: NemoGymSettings | None = None
         """The validated settings, once a hook after ``register`` has read them."""
-        self.deployment: Deployment | None = None
-        """What discovery found, once ``post_trainer_create`` has run."""
+        self.directory: ServerDirectory | None = None
+        """The deployment discovery found, once ``post_trainer_create`` has run."""
         self._closers: list[Any] = []
 
     # --- configuration ----------------------------------------------------------------------
@@ -248,44 +209,32 @@ class NemoGymPlugin(AxolotlPluginHooks):
         check_reward_functions(list(getattr(trainer, "reward_funcs", [])), settings)
         if settings.multi_turn:
             _check_agent_trainer(cfg, trainer)
-        accelerator = trainer.accelerator
         output_dir = Path(str(cfg_get(cfg, "output_dir") or trainer.args.output_dir))
-        sync = None
-        error: str | None = None
-        deployment = None
-        if accelerator.is_main_process:
-            try:
-                deployment = discover(settings, _rows(trainer.train_dataset))
-                if settings.multi_turn:
-                    sync = _start_sync(settings, trainer, output_dir)
-            except Exception as exc:  # noqa: BLE001 - every rank raises it, below
-                error = f"{type(exc).__name__}: {exc}"
-                failure: Exception = exc
-        if accelerator.num_processes > 1:
-            import torch.distributed as dist
+        is_main = bool(trainer.accelerator.is_main_process)
+        syncs: list[Any] = []  # the LoraSync lives on the main process only
 
-            box: list[Any] = [(deployment, error)]
-            dist.broadcast_object_list(box, src=0)
-            deployment, error = box[0]
-        if error is not None:
-            if accelerator.is_main_process:
-                raise failure
-            raise ConfigError(f"NeMo Gym start failed on the main process: {error}")
-        assert deployment is not None
-        self.deployment = deployment
+        def start() -> ServerDirectory:
+            found = discover(settings, _rows(trainer.train_dataset))
+            if settings.multi_turn:
+                syncs.append(_start_sync(settings, trainer, output_dir))
+            return found
+
+        directory = ranks.on_main(start, is_main=is_main)
+        self.directory = directory
+        sync = syncs[0] if syncs else None
         if sync is not None:
             self._closers.append(sync)
         if settings.multi_turn:
-            self._wire_agents(settings, deployment, trainer, sync, output_dir)
+            self._wire_agents(settings, directory, trainer, sync, output_dir)
         else:
-            self._wire_verify(settings, deployment, trainer)
-        if accelerator.is_main_process:
-            _write_startup(output_dir / "nemo_gym" / "startup.json", settings, deployment, trainer)
+            self._wire_verify(settings, directory, trainer)
+        if is_main:
+            _write_startup(output_dir / "nemo_gym" / "startup.json", settings, directory, trainer)
 
     def _wire_agents(
         self,
         settings: NemoGymSettings,
-        deployment: Deployment,
+        directory: ServerDirectory,
         trainer: Any,
         sync: Any,
         output_dir: Path,
@@ -293,89 +242,37 @@ class NemoGymPlugin(AxolotlPluginHooks):
         from nemogym_sdk.adapters.axolotl._deps import require_axolotl
 
         require_axolotl()
-        from axolotl.core.trainers.grpo.async_trainer import AsyncDataProducer
-
-        from nemogym_sdk.adapters.axolotl.producer import NemoGymDataProducer
-        from nemogym_sdk.adapters.axolotl.schedule import GroupSchedule
-        from nemogym_sdk.client import AgentClient
         from nemogym_sdk.lora.callback import LoraSyncCallback
-        from nemogym_sdk.policy import SamplingParams, Timeouts
 
-        args = trainer.args
-        accelerator = trainer.accelerator
-        num_generations = int(trainer.num_generations)
-        per_rank = int(args.per_device_train_batch_size) * int(args.steps_per_generation)
-        if per_rank % num_generations:
-            raise ConfigError(
-                f"micro_batch_size x steps per generation ({per_rank}) must be a multiple of "
-                f"trl.num_generations ({num_generations}): each rank rolls out whole groups"
-            )
-        client = AgentClient(
-            deployment.agents,
-            default_agent=deployment.default_agent,
-            sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p),
-            timeouts=Timeouts(request=settings.run_timeout),
-            max_concurrency=settings.max_concurrency,
-        )
-        self._closers.append(client)
-        tokenizer = trainer.processing_class
-        eos_token_id = int(tokenizer.eos_token_id)
-        pad_token_id = int(
-            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_token_id
-        )
-        producer = NemoGymDataProducer(
-            client=client,
-            dataset=trainer.train_dataset,
-            schedule=GroupSchedule(
-                num_rows=len(trainer.train_dataset),
-                rows_per_rank=per_rank // num_generations,
-                rank=accelerator.process_index,
-                world=accelerator.num_processes,
-                seed=settings.seed,
-            ),
-            num_generations=num_generations,
-            config=trainer.data_producer.config,
-            eos_token_id=eos_token_id,
-            pad_token_id=pad_token_id,
-            max_completion_length=args.max_completion_length,
-            mask_truncated_completions=bool(getattr(args, "mask_truncated_completions", False)),
-            log_path=output_dir / "nemo_gym" / "rollouts.jsonl",
-        )
+        producer = _data_producer(settings, directory, trainer, output_dir)
+        self._closers.append(producer.client)
         # axolotl 0.19's deferred scoring reads trainer.eos_token_id / trainer.pad_token_id,
         # which TRL's GRPOTrainer stopped defining (TRL 1.9 keeps them on its tokenizer):
         # without them the first batch fails with AttributeError. Supply them on this
         # instance, only where missing (no class is touched).
-        for name, value in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)):
+        for name in ("eos_token_id", "pad_token_id"):
             if getattr(trainer, name, None) is None:
-                setattr(trainer, name, value)
-        previous = trainer.data_producer
-        wired: Any = producer
-        if getattr(args, "async_prefetch", False):
-            wired = AsyncDataProducer(
-                producer, background_produce_kwargs={"skip_policy_logps": True}
-            )
-        # axolotl's async GRPO trainer reads its producer from this instance attribute (its
-        # only extension point for a data producer); set on this trainer, no class touched.
-        trainer.data_producer = wired
-        if hasattr(previous, "shutdown"):
-            previous.shutdown()
+                setattr(trainer, name, getattr(producer, name))
+        _install_producer(trainer, producer)
         # version 0 is already published (discovery); the callback publishes every step
         trainer.add_callback(
             LoraSyncCallback(sync, log_path=output_dir / "nemo_gym" / "syncs.jsonl")
         )
         logger.info(
             "NeMo Gym plugin: agents %s; %d groups x %d rollouts per rank per batch",
-            ", ".join(deployment.agents),
-            per_rank // num_generations,
-            num_generations,
+            ", ".join(directory.agents),
+            producer.schedule.rows_per_rank,
+            producer.num_generations,
         )
 
-    def _wire_verify(self, settings: NemoGymSettings, deployment: Deployment, trainer: Any) -> None:
+    def _wire_verify(
+        self, settings: NemoGymSettings, directory: ServerDirectory, trainer: Any
+    ) -> None:
         from nemogym_sdk.policy import Timeouts
         from nemogym_sdk.verify import Verifier
 
         verifier = Verifier(
-            dict(deployment.resources_servers),
+            directory,
             model_name=settings.adapter_name,
             timeouts=Timeouts(connect=5.0, request=settings.verify_timeout),
             max_concurrency=settings.max_concurrency,
@@ -384,7 +281,7 @@ class NemoGymPlugin(AxolotlPluginHooks):
         # the group mean as 0; TRL's own scoring leaves it out. Impute only for the former.
         deferred = getattr(trainer, "data_producer", None) is not None
         nemo_gym_verify_reward.bind(
-            verifier, lambda row: resources_for(row, deployment, settings), impute=deferred
+            verifier, resources_server=settings.resources_server, impute=deferred
         )
         self._closers.append(nemo_gym_verify_reward)
 
@@ -436,8 +333,72 @@ def _start_sync(settings: NemoGymSettings, trainer: Any, output_dir: Path) -> An
     return sync
 
 
+def _data_producer(
+    settings: NemoGymSettings, directory: ServerDirectory, trainer: Any, output_dir: Path
+) -> Any:
+    """The ``NemoGymDataProducer`` that rolls out this rank's groups through the agents."""
+    from nemogym_sdk.adapters.axolotl.producer import NemoGymDataProducer
+    from nemogym_sdk.adapters.axolotl.schedule import GroupSchedule
+    from nemogym_sdk.client import AgentClient
+    from nemogym_sdk.policy import SamplingParams, Timeouts
+
+    args = trainer.args
+    accelerator = trainer.accelerator
+    num_generations = int(trainer.num_generations)
+    per_rank = int(args.per_device_train_batch_size) * int(args.steps_per_generation)
+    if per_rank % num_generations:
+        raise ConfigError(
+            f"micro_batch_size x steps per generation ({per_rank}) must be a multiple of "
+            f"trl.num_generations ({num_generations}): each rank rolls out whole groups"
+        )
+    client = AgentClient(
+        directory,
+        sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p),
+        timeouts=Timeouts(request=settings.run_timeout),
+        max_concurrency=settings.max_concurrency,
+    )
+    tokenizer = trainer.processing_class
+    eos_token_id = int(tokenizer.eos_token_id)
+    pad_token_id = int(
+        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_token_id
+    )
+    return NemoGymDataProducer(
+        client=client,
+        dataset=trainer.train_dataset,
+        schedule=GroupSchedule(
+            num_rows=len(trainer.train_dataset),
+            rows_per_rank=per_rank // num_generations,
+            rank=accelerator.process_index,
+            world=accelerator.num_processes,
+            seed=settings.seed,
+        ),
+        num_generations=num_generations,
+        config=trainer.data_producer.config,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        max_completion_length=args.max_completion_length,
+        mask_truncated_completions=bool(getattr(args, "mask_truncated_completions", False)),
+        log_path=output_dir / "nemo_gym" / "rollouts.jsonl",
+    )
+
+
+def _install_producer(trainer: Any, producer: Any) -> None:
+    """Give axolotl's async GRPO trainer ``producer`` (wrapped for background prefetch)."""
+    from axolotl.core.trainers.grpo.async_trainer import AsyncDataProducer
+
+    previous = trainer.data_producer
+    wired: Any = producer
+    if getattr(trainer.args, "async_prefetch", False):
+        wired = AsyncDataProducer(producer, background_produce_kwargs={"skip_policy_logps": True})
+    # axolotl's async GRPO trainer reads its producer from this instance attribute (its
+    # only extension point for a data producer); set on this trainer, no class touched.
+    trainer.data_producer = wired
+    if hasattr(previous, "shutdown"):
+        previous.shutdown()
+
+
 def _write_startup(
-    path: Path, settings: NemoGymSettings, deployment: Deployment, trainer: Any
+    path: Path, settings: NemoGymSettings, directory: ServerDirectory, trainer: Any
 ) -> None:
     """Record what the run was wired with (read by people, and by the end-to-end test)."""
     weights = getattr(trainer, "reward_weights", None)
@@ -449,7 +410,7 @@ def _write_startup(
         "dataloader_num_workers": trainer.args.dataloader_num_workers,
         "reward_funcs": list(getattr(trainer, "reward_func_names", [])),
         "reward_weights": [float(w) for w in weights] if weights is not None else None,
-        "agents": dict(deployment.agents),
+        "agents": directory.agents,
         "adapter_name": settings.adapter_name,
         "sampler_url": settings.sampler_url,
         "head_url": settings.head_url,

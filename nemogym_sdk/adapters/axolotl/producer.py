@@ -38,19 +38,21 @@ import collections
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from nemogym_sdk import ranks
 from nemogym_sdk.adapters.axolotl._deps import require_axolotl
 from nemogym_sdk.adapters.axolotl.dataset import PROMPT, row_of
 from nemogym_sdk.adapters.axolotl.rewards import ENV_REWARD_COLUMN, GROUP_COLUMN, OK_COLUMN
 from nemogym_sdk.adapters.axolotl.schedule import GroupSchedule
 from nemogym_sdk.client import AgentClient
 from nemogym_sdk.collate import collate
-from nemogym_sdk.records import Rollout
+from nemogym_sdk.metrics import RolloutStats
+from nemogym_sdk.records import ParseOptions, Rollout
 
 __all__ = ["STATUS_COLUMN", "NemoGymDataProducer"]
 
@@ -153,16 +155,15 @@ class NemoGymDataProducer:
         indices = self.schedule.next_indices()
         records = [dict(self.dataset[i]) for i in indices]
         rows = [row_of(record) for record in records]
-        raws = self.client.run_raw_sync(rows, num_generations=self.num_generations)
-        rollouts = [
-            self.client.to_rollout(
-                raw, self.eos_token_id, max_completion_length=self.max_completion_length
-            )
-            for raw in raws
-        ]
+        rollouts = self.client.run_sync(
+            rows,
+            eos_token_id=self.eos_token_id,
+            num_generations=self.num_generations,
+            parse=ParseOptions(max_completion_length=self.max_completion_length),
+        )
         inputs = []
-        for raw, rollout in zip(raws, rollouts, strict=True):
-            position = raw.index // self.num_generations
+        for index, rollout in enumerate(rollouts):  # in input order: aabb
+            position = index // self.num_generations
             record = records[position]
             inputs.append(
                 {
@@ -197,8 +198,10 @@ class NemoGymDataProducer:
         usable_B = usable_B.to(tensors["env_mask"].device)
         tool_mask_BT = tensors["env_mask"] * usable_B[:, None]
         trainable = (tensors["completion_mask"] * tool_mask_BT).sum()
+        stats = RolloutStats.of(batch)
         if accelerator is not None and getattr(accelerator, "num_processes", 1) > 1:
             trainable = accelerator.gather(trainable.reshape(1)).sum()
+            stats = RolloutStats.merge(ranks.gather(stats))
         completion_lists = [r.completion_ids.tolist() for r in rollouts]
         if decode is not None:
             completions = list(decode(completion_lists, skip_special_tokens=True))
@@ -221,27 +224,22 @@ class NemoGymDataProducer:
         }
         self.calls += 1
         if log:
-            self._log(global_step, inputs, rollouts, time.perf_counter() - began)
+            self._log(global_step, stats, rollouts, time.perf_counter() - began)
         return data
 
     def _log(
         self,
         global_step: int,
-        inputs: Sequence[Mapping[str, Any]],
+        stats: RolloutStats,
         rollouts: Sequence[Rollout],
         seconds: float,
     ) -> None:
-        ok = [r for r, row in zip(rollouts, inputs, strict=True) if row[OK_COLUMN]]
+        """A line of ``log_path``: the SDK's step metrics (every rank's rollouts when the
+        ranks play together), this rank's agents, the first failure, the seconds taken."""
         line = {
             "step": global_step,
-            "rollouts": len(rollouts),
-            "rows": len({row["nemo_gym_row_id"] for row in inputs}),
-            "ok": len(ok),
-            "statuses": dict(collections.Counter(r.status.value for r in rollouts)),
+            **stats.as_metrics(),
             "agents": dict(collections.Counter(str(r.agent_name) for r in rollouts)),
-            "reward_mean": sum(r.reward for r in ok) / len(ok) if ok else None,
-            "turns_mean": sum(r.num_turns for r in ok) / len(ok) if ok else None,
-            "policy_tokens": int(sum(int(r.env_mask.sum()) for r in ok)),
             "seconds": round(seconds, 3),
         }
         errors = [r.error for r in rollouts if not r.ok and r.error]
@@ -251,7 +249,7 @@ class NemoGymDataProducer:
                 "step %d: %d of %d rollouts failed (left out of the loss and the baselines); "
                 "first: %s",
                 global_step,
-                len(rollouts) - len(ok),
+                sum(not r.ok for r in rollouts),
                 len(rollouts),
                 errors[0],
             )

@@ -22,19 +22,19 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nemogym_sdk.adapters.axolotl.dataset import ROW, ROW_ID
 from nemogym_sdk.errors import ConfigError, DataError
 from nemogym_sdk.records import RolloutStatus
-from nemogym_sdk.verify import Verifier, VerifyItem
+from nemogym_sdk.verify import Verifier
 
 __all__ = [
     "ENV_REWARD_COLUMN",
     "GROUP_COLUMN",
     "OK_COLUMN",
-    "VerifyReward",
+    "AxolotlVerifyReward",
     "impute_failed",
     "nemo_gym_env_reward",
     "nemo_gym_verify_reward",
@@ -110,16 +110,19 @@ def nemo_gym_env_reward(
     return impute_failed(rewards, ok, groups)
 
 
-ResourcesFor = Callable[[Mapping[str, Any]], str]
-"""Row -> the instance name of the resources server that scores it."""
-
-
-class VerifyReward:
+class AxolotlVerifyReward:
     """Single-turn reward: ``/seed_session`` + ``/verify`` for each completion, concurrently.
 
     A module-level instance, ``nemo_gym_verify_reward``, is what YAML lists; the plugin
-    calls ``bind`` once at start (with the discovered servers), and ``unbind`` at the end.
-    Called unbound it raises: it never guesses a server or scores 0.
+    calls ``bind`` once at start (with the discovered deployment's ``Verifier``), and
+    ``unbind`` at the end. Called unbound it raises: it never guesses a server or scores 0.
+    Scoring is the SDK's one ``/verify`` scorer (``Verifier.score``: each row's resources
+    server in its documented order, ``nemo_gym_resources_server`` being the default for
+    rows that name none).
+
+    How a failure maps (``bind(impute=...)``): under axolotl's deferred scoring a failed
+    completion gets its group's completed mean (``impute_failed``: advantage exactly 0,
+    baseline untouched); under TRL's own scoring it gets ``None`` (unscorable).
     """
 
     __name__ = "nemo_gym_verify_reward"  # TRL names reward columns and metrics after it
@@ -127,7 +130,7 @@ class VerifyReward:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._verifier: Verifier | None = None
-        self._resources_for: ResourcesFor | None = None
+        self._default: str | None = None
         self._impute = True
         self.failures = 0
         """Completions whose verification failed so far (left out of the statistics)."""
@@ -137,29 +140,30 @@ class VerifyReward:
         """Whether the plugin has bound it to a deployment."""
         return self._verifier is not None
 
-    def bind(self, verifier: Verifier, resources_for: ResourcesFor, *, impute: bool) -> None:
-        """Score with ``verifier``; ``resources_for(row)`` names each row's server.
-
-        ``impute``: give failures their group's completed mean (axolotl's deferred
+    def bind(
+        self, verifier: Verifier, *, resources_server: str | None = None, impute: bool
+    ) -> None:
+        """Score with ``verifier``; ``resources_server`` is the default for rows that name
+        none. ``impute``: give failures their group's completed mean (axolotl's deferred
         scoring) instead of ``None`` (TRL's unscorable path).
         """
         with self._lock:
             if self._verifier is not None and self._verifier is not verifier:
                 raise ConfigError("nemo_gym_verify_reward is already bound to another deployment")
-            self._verifier, self._resources_for, self._impute = verifier, resources_for, impute
+            self._verifier, self._default, self._impute = verifier, resources_server, impute
 
     def unbind(self) -> None:
         """Forget the deployment (and close the verifier's connections)."""
         with self._lock:
-            verifier, self._verifier, self._resources_for = self._verifier, None, None
+            verifier, self._verifier = self._verifier, None
         if verifier is not None:
             verifier.close()
 
     def __call__(
         self, completions: Sequence[Any], prompts: Sequence[Any] | None = None, **kwargs: Any
     ) -> list[float | None]:
-        verifier, resources_for = self._verifier, self._resources_for
-        if verifier is None or resources_for is None:
+        verifier = self._verifier
+        if verifier is None:
             raise ConfigError(
                 "nemo_gym_verify_reward is not bound to a NeMo Gym deployment: list "
                 "nemogym_sdk.adapters.axolotl.NemoGymPlugin under plugins: (it binds it at start)"
@@ -168,11 +172,8 @@ class VerifyReward:
         who = "nemo_gym_verify_reward"
         rows = [json.loads(text) for text in _column(kwargs, ROW, n, who)]
         row_ids = [str(i) for i in _column(kwargs, ROW_ID, n, who)]
-        items = [
-            VerifyItem(resources_server=resources_for(row), row=row, completion=completion or "")
-            for row, completion in zip(rows, completions, strict=True)
-        ]
-        results = verifier.verify_sync(items)
+        answers = [completion or "" for completion in completions]
+        results = verifier.score(rows, answers, resources_server=self._default)
         ok = [r.status is RolloutStatus.OK and r.reward is not None for r in results]
         failed = [r for r, good in zip(results, ok, strict=True) if not good]
         if failed:
@@ -191,5 +192,5 @@ class VerifyReward:
         return [r if good else None for r, good in zip(rewards, ok, strict=True)]
 
 
-nemo_gym_verify_reward = VerifyReward()
+nemo_gym_verify_reward = AxolotlVerifyReward()
 """The single-turn reward function to list under ``trl.reward_funcs``."""

@@ -1,13 +1,17 @@
-"""The few collective operations `train_step` needs, as no-ops in a single process."""
+"""The few collective operations `train_step` and `compute_advantages` need, as no-ops in a
+single process."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import torch
 import torch.distributed as dist
 
-__all__ = ["all_reduce_grads", "all_reduce_values", "world_size"]
+__all__ = ["all_gather_array", "all_reduce_grads", "all_reduce_values", "world_size"]
 
 _BUCKET = 1 << 24  # elements per all-reduce of flattened gradients
 
@@ -17,6 +21,35 @@ def world_size() -> int:
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size()
     return 1
+
+
+def all_gather_array(values: npt.ArrayLike, *, group: Any = None) -> npt.NDArray[np.float64]:
+    """Every rank's 1-D float64 ``values`` concatenated in rank order (lengths may differ).
+
+    The ``gather`` hook of ``nemogym_sdk.compute_advantages`` under ``torch.distributed``
+    (``gather=all_gather_array``), so that its batch statistics span every rank's batch.
+    Every rank of ``group`` (default: the default group) must call it; without a process
+    group it returns a copy of ``values``. Values travel as float64, unchanged; on NCCL
+    through the current CUDA device.
+    """
+    local = np.array(values, dtype=np.float64).reshape(-1)
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        return local
+    ranks = dist.get_world_size(group)
+    device = torch.device("cpu")
+    if dist.get_backend(group) == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    size = torch.tensor([local.shape[0]], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(size) for _ in range(ranks)]
+    dist.all_gather(sizes, size, group=group)
+    counts = [int(s.item()) for s in sizes]
+    padded = torch.zeros(max(counts), dtype=torch.float64, device=device)
+    padded[: local.shape[0]] = torch.from_numpy(local).to(device)
+    parts = [torch.empty_like(padded) for _ in range(ranks)]
+    dist.all_gather(parts, padded, group=group)
+    return np.concatenate(
+        [part[:count].cpu().numpy() for part, count in zip(parts, counts, strict=True)]
+    )
 
 
 def all_reduce_values(

@@ -15,27 +15,49 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from nemogym_sdk.errors import ConfigError
+from nemogym_sdk.logits import process_logits
+from nemogym_sdk.policy import SamplingParams
 from nemogym_sdk.records import Batch
-from nemogym_sdk.serve.sampling import process_logits
 
-__all__ = ["completion_logprobs", "model_device", "token_logprobs"]
+__all__ = ["completion_logprobs", "learner_processing", "model_device", "token_logprobs"]
 
 _INPUT_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
+
+
+def learner_processing(sampling: SamplingParams | None) -> tuple[float, float]:
+    """``(temperature, top_p)`` the learner applies for rollouts played with ``sampling``.
+
+    A field left as None (or ``sampling=None``) means the OpenAI / vLLM default, 1.0: no
+    scaling, no nucleus cut. ``max_output_tokens`` caps the sampler only. Greedy sampling
+    (temperature 0) has no distribution to compute an importance ratio against, so it is a
+    ``ConfigError``, as is a ``top_p`` outside ``(0, 1]``. ``top_k`` is not a setting: NeMo
+    Gym's Responses API cannot carry it, so the sampler never applies one.
+    """
+    settings = sampling if sampling is not None else SamplingParams()
+    temperature = 1.0 if settings.temperature is None else float(settings.temperature)
+    top_p = 1.0 if settings.top_p is None else float(settings.top_p)
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise ConfigError(
+            f"the learner needs the sampler's temperature > 0, got {temperature!r}: greedy "
+            f"sampling has no distribution to compute an importance ratio against"
+        )
+    if not 0.0 < top_p <= 1.0:
+        raise ConfigError(f"top_p must be in (0, 1], got {top_p!r}")
+    return temperature, top_p
 
 
 def token_logprobs(
     model: torch.nn.Module,
     batch: Batch | Mapping[str, torch.Tensor],
     *,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
+    sampling: SamplingParams | None = None,
     chunk_size: int | None = 8,
     device: str | torch.device | None = None,
 ) -> torch.Tensor:
@@ -44,14 +66,18 @@ def token_logprobs(
     Args:
         model: a causal LM returning ``.logits`` (a transformers model, or a peft model).
         batch: a ``Batch``, or the tensors of ``Batch.to_torch()``.
-        temperature, top_k, top_p: the sampler's processing, applied to the logits before the
-            log-softmax so the result is comparable with ``processed_logprobs``; the defaults
-            give the raw log-softmax.
+        sampling: the settings the rollouts were played with (the client's
+            ``SamplingParams``): the logits are divided by its temperature and cut to its
+            top-p before the log-softmax, so the result is comparable with
+            ``processed_logprobs``. None, or a field left None, means 1.0 (the raw
+            log-softmax); see `learner_processing`.
         chunk_size: rows per forward pass (None: all rows at once).
         device: where to run; defaults to the model's device.
 
-    Gradients flow when called outside ``torch.no_grad()``.
+    Gradients flow when called outside ``torch.no_grad()``. The logits are cast to float32
+    before the processing and the log-softmax, whatever the model's dtype.
     """
+    temperature, top_p = learner_processing(sampling)
     if chunk_size is not None and chunk_size < 1:
         raise ConfigError(f"chunk_size must be >= 1, got {chunk_size}")
     target = torch.device(device) if device is not None else model_device(model)
@@ -63,7 +89,6 @@ def token_logprobs(
             model,
             *(tensors[key][start : start + step] for key in _INPUT_KEYS),
             temperature=temperature,
-            top_k=top_k,
             top_p=top_p,
         )
         for start in range(0, rows, step)
@@ -79,10 +104,10 @@ def completion_logprobs(
     completion_mask_BT: torch.Tensor,
     *,
     temperature: float = 1.0,
-    top_k: int = 0,
     top_p: float = 1.0,
 ) -> torch.Tensor:
-    """One forward pass over a few rows; returns ``[B, T]`` (see `token_logprobs`)."""
+    """One forward pass over a few rows; returns ``[B, T]`` (see `token_logprobs`; the
+    processing numbers come from `learner_processing`)."""
     B, P = prompt_ids_BP.shape
     T = completion_ids_BT.shape[1]
     # Cut the chunk to its own longest prompt (left-padded) and completion (right-padded).
@@ -110,7 +135,7 @@ def completion_logprobs(
         kwargs["logits_to_keep"] = t_real + 1
     logits = model(**kwargs).logits
     logits_BtV = logits[:, -(t_real + 1) : -1].float()  # position P-1+t predicts token t
-    logits_BtV = process_logits(logits_BtV, temperature=temperature, top_k=top_k, top_p=top_p)
+    logits_BtV = process_logits(logits_BtV, temperature=temperature, top_p=top_p)
     picked_Bt = logits_BtV.gather(-1, completion_ids_Bt.unsqueeze(-1)).squeeze(-1)
     logprobs_Bt = picked_Bt - torch.logsumexp(logits_BtV, dim=-1)
     # where(), not a product: a padded position may hold -inf or NaN, and 0 * nan is nan.

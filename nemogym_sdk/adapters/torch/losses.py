@@ -6,7 +6,8 @@ env_mask``, so tool and environment tokens never carry gradient; ``|o_i| = sum_t
     r_it  = exp(logp_it - old_it)                  ratio to the policy that produced the batch
     l_it  = -min(r_it * A_i, clip(r_it, 1 - eps, 1 + eps_high) * A_i) * w_it + beta * kl_it
     w_it  = importance weight exp(old_it - sampler_it) against the sampler's logprobs,
-            truncated at ``is_cap`` ("truncate") or set to 0 beyond it ("mask"); 1 with "none"
+            clamped into [is_floor, is_cap] ("truncate") or set to 0 outside it ("mask");
+            1 with "none"
     kl_it = exp(ref_it - logp_it) - (ref_it - logp_it) - 1   (k3 estimator, >= 0)
 
 ``old`` is the learner's own logprob before the update (on-policy: ``logp.detach()``, so
@@ -16,27 +17,28 @@ token terms become one loss:
 
     grpo     mean over rows of (mean over the row's policy tokens)     normaliser: rows
     dapo     sum over all policy tokens / number of policy tokens      normaliser: tokens
-    dr_grpo  sum over all policy tokens / (rows * max_completion_length)
+    dr_grpo  sum over all policy tokens / (rows * L), L = max_completion_length, or else
+             the batch's policy span (`policy_span`: 1 + the last position holding a policy
+             token in any row; never the padded width, so padding cannot change the loss)
     gspo     sequence ratio s_i = exp(mean_t (logp_it - old_it)), per row
              -min(s_i A_i, clip(s_i) A_i) * w_i + beta * mean_t kl_it, mean over rows;
              w_i = exp(mean_t log w_it) is the sequence-level (geometric mean) IS weight
 
 Rows count when they have at least one policy token. With gradient accumulation or several
 ranks the normaliser is the whole batch's (`loss_normalizer`), so micro-batches add up to
-exactly the full-batch loss. Which sampler logprobs each loss expects: those of the
-distribution the sampler drew from (``processed_logprobs`` in vLLM and `nemogym_sdk.serve`),
-with the learner's logprobs computed under the same temperature / top-k / top-p.
+exactly the full-batch loss. Everything is computed in at least float32: logprobs of a bf16
+model are cast up before any arithmetic. Which sampler logprobs each loss expects: those of
+the distribution the sampler drew from (``processed_logprobs`` in vLLM and
+`nemogym_sdk.serve`), with the learner's logprobs computed under the same ``SamplingParams``.
 """
 
 from __future__ import annotations
-
-import math
-from typing import Literal
 
 import attrs
 import torch
 
 from nemogym_sdk.errors import ConfigError
+from nemogym_sdk.grpo.loss import ImportanceSampling, LossType, PolicyLoss
 
 __all__ = [
     "ImportanceSampling",
@@ -46,73 +48,8 @@ __all__ = [
     "loss_normalizer",
     "policy_loss",
     "policy_loss_terms",
+    "policy_span",
 ]
-
-LossType = Literal["grpo", "dapo", "dr_grpo", "gspo"]
-ImportanceSampling = Literal["truncate", "mask", "none"]
-_LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "gspo")
-_IS_MODES = ("truncate", "mask", "none")
-
-
-@attrs.frozen(kw_only=True)
-class PolicyLoss:
-    """Which policy loss to compute and its knobs (TRL's names where they exist)."""
-
-    loss_type: LossType = "dapo"
-    """``grpo`` (per-row mean), ``dapo`` (token mean), ``dr_grpo`` (constant normaliser) or
-    ``gspo`` (sequence-level ratio; use small epsilons, e.g. 3e-4 / 4e-4)."""
-    epsilon: float = 0.2
-    """Lower clipping range: ratios below ``1 - epsilon`` are clipped."""
-    epsilon_high: float | None = None
-    """Upper clipping range (DAPO's clip-higher, e.g. 0.28); None = ``epsilon``."""
-    importance_sampling: ImportanceSampling = "truncate"
-    """Correction against the sampling logprobs: ``truncate`` the weight at ``is_cap``, ``mask``
-    tokens whose weight leaves ``[is_floor, is_cap]``, or ``none``."""
-    is_cap: float = 3.0
-    """Largest importance weight kept (TRL's ``vllm_importance_sampling_cap`` default)."""
-    is_floor: float | None = None
-    """``mask`` mode only: weights below this are masked too."""
-    beta: float = 0.0
-    """KL penalty coefficient to a reference model (0: no reference needed)."""
-    max_completion_length: int | None = None
-    """``dr_grpo``'s constant (set it to the sampler's limit, as Dr. GRPO does); None = the
-    batch's longest completion."""
-    mask_truncated: bool = False
-    """Leave completions cut at ``max_completion_length`` out of the loss (DAPO's overlong
-    filtering)."""
-
-    def __attrs_post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        """Raise ``ConfigError`` for an unknown loss type or an out-of-range knob."""
-        if self.loss_type not in _LOSS_TYPES:
-            raise ConfigError(f"loss_type must be one of {_LOSS_TYPES}, got {self.loss_type!r}")
-        if self.importance_sampling not in _IS_MODES:
-            raise ConfigError(
-                f"importance_sampling must be one of {_IS_MODES}, got {self.importance_sampling!r}"
-            )
-        if not 0 <= self.epsilon < 1 or (self.epsilon_high is not None and self.epsilon_high < 0):
-            raise ConfigError(
-                f"need 0 <= epsilon < 1 and epsilon_high >= 0, got {self.epsilon}, "
-                f"{self.epsilon_high}"
-            )
-        if not self.is_cap > 0 or (self.is_floor is not None and not self.is_floor >= 0):
-            raise ConfigError(f"need is_cap > 0 and is_floor >= 0, got {self.is_cap}")
-        if self.beta < 0:
-            raise ConfigError(f"beta must be >= 0, got {self.beta}")
-        if self.max_completion_length is not None and self.max_completion_length < 1:
-            raise ConfigError("max_completion_length must be >= 1")
-
-    @property
-    def upper(self) -> float:
-        """``1 + epsilon_high`` (or ``1 + epsilon``)."""
-        return 1.0 + (self.epsilon if self.epsilon_high is None else self.epsilon_high)
-
-    @property
-    def lower(self) -> float:
-        """``1 - epsilon``."""
-        return 1.0 - self.epsilon
 
 
 @attrs.frozen(kw_only=True)
@@ -138,7 +75,8 @@ class LossTerms:
     is_weight_sum: torch.Tensor
     """Scalar: sum of the importance weights over policy tokens (rows for gspo)."""
     is_limited: torch.Tensor
-    """Scalar: tokens (rows for gspo) whose weight was truncated or masked."""
+    """Scalar: tokens (rows for gspo) whose weight was outside ``[is_floor, is_cap]``, so
+    truncated or masked."""
     mismatch_abs_sum: torch.Tensor
     """Scalar: sum over policy tokens of ``|logp - sampler|`` (learner vs sampler logprob)."""
     mismatch_abs_max: torch.Tensor
@@ -147,23 +85,133 @@ class LossTerms:
     """Scalar: sum of ``exp(d) - d - 1`` with ``d = sampler - logp`` (k3 of the mismatch)."""
 
 
+def policy_span(loss_mask_BT: torch.Tensor) -> int:
+    """1 + the last position that holds a policy token in any row (0 when none does).
+
+    ``dr_grpo``'s length when ``max_completion_length`` is unset: the longest completion in
+    the loss, measured up to its last policy token. Padding, trailing environment tokens
+    and rows left out of the loss (their mask is 0) do not change it.
+    """
+    mask_BT = loss_mask_BT.bool()
+    if mask_BT.numel() == 0:
+        return 0
+    positions_T = torch.arange(1, mask_BT.shape[1] + 1, device=mask_BT.device)
+    return int((mask_BT * positions_T).max())
+
+
 def loss_normalizer(
     loss: PolicyLoss, tokens: float, rows: float, completion_length: int | None = None
 ) -> float:
     """The whole batch's normaliser for ``loss.loss_type`` (see the module docstring).
 
     ``tokens`` and ``rows`` count policy tokens and rows with any, over every micro-batch and
-    rank; ``completion_length`` is the longest completion (``dr_grpo`` without a configured
-    length).
+    rank; ``completion_length`` is the batch's `policy_span` (``dr_grpo`` without a
+    configured ``max_completion_length``).
     """
-    if loss.loss_type == "dapo":
+    if loss.loss_type is LossType.DAPO:
         return float(tokens)
-    if loss.loss_type == "dr_grpo":
+    if loss.loss_type is LossType.DR_GRPO:
         length = loss.max_completion_length or completion_length
         if length is None:
-            raise ConfigError("dr_grpo needs max_completion_length or the batch's length")
+            raise ConfigError("dr_grpo needs max_completion_length or the batch's policy span")
         return float(rows) * float(length)
     return float(rows)
+
+
+@attrs.frozen(kw_only=True)
+class _Tokens:
+    """The per-token tensors every loss type reads."""
+
+    mask: torch.Tensor
+    """``[B, T]`` bool, the loss mask."""
+    zeros: torch.Tensor
+    """``[B, T]`` zeros in the computation's dtype."""
+    tokens: torch.Tensor
+    """``[B]`` policy tokens per row."""
+    live: torch.Tensor
+    """``[B]`` the row has a policy token."""
+    advantages: torch.Tensor
+    """``[B]`` advantages, detached."""
+    log_ratio: torch.Tensor
+    """``[B, T]`` ``logp - old`` on policy tokens (with gradient), 0 elsewhere."""
+    log_weights: torch.Tensor
+    """``[B, T]`` ``old - sampler`` on policy tokens, 0 elsewhere (or without a sampler)."""
+    kl: torch.Tensor
+    """``[B, T]`` k3 KL to the reference (0 without one)."""
+    corrected: bool
+    """Whether sampler logprobs were given (otherwise no IS weights)."""
+
+
+@attrs.frozen(kw_only=True)
+class _Policy:
+    """The policy part of some rows' terms."""
+
+    objective: torch.Tensor
+    policy: torch.Tensor
+    clipped: torch.Tensor
+    is_weight_sum: torch.Tensor
+    is_limited: torch.Tensor
+
+
+def _limit(
+    weights: torch.Tensor, loss: PolicyLoss, corrected: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Apply the IS mode to raw weights; returns (weights, which were outside the bounds)."""
+    if not corrected or loss.importance_sampling is ImportanceSampling.NONE:
+        return torch.ones_like(weights), torch.zeros_like(weights, dtype=torch.bool)
+    outside = weights > loss.is_cap
+    if loss.is_floor is not None:
+        outside = outside | (weights < loss.is_floor)
+    if loss.importance_sampling is ImportanceSampling.TRUNCATE:
+        return weights.clamp(min=loss.is_floor, max=loss.is_cap), outside
+    return torch.where(outside, torch.zeros_like(weights), weights), outside
+
+
+def _gspo(t: _Tokens, loss: PolicyLoss) -> _Policy:
+    """One clipped sequence ratio and one IS weight (geometric mean) per row."""
+    denominator_B = t.tokens.clamp(min=1).to(t.log_ratio.dtype)
+    seq_ratio_B = torch.exp(t.log_ratio.sum(dim=1) / denominator_B)
+    seq_weight_B, seq_limited_B = _limit(
+        torch.exp(t.log_weights.sum(dim=1) / denominator_B), loss, t.corrected
+    )
+    unclipped_B = seq_ratio_B * t.advantages
+    clipped_B = seq_ratio_B.clamp(loss.lower, loss.upper) * t.advantages
+    policy_B = -torch.minimum(unclipped_B, clipped_B) * seq_weight_B
+    kl_mean_B = (t.kl * t.mask).sum(dim=1) / denominator_B
+    live = t.live.to(policy_B.dtype)
+    policy = (policy_B * live).sum()
+    return _Policy(
+        objective=policy + loss.beta * (kl_mean_B * live).sum(),
+        policy=policy,
+        clipped=((clipped_B < unclipped_B) & t.live).sum(),
+        is_weight_sum=(seq_weight_B * live).sum(),
+        is_limited=(seq_limited_B & t.live).sum(),
+    )
+
+
+def _per_token(t: _Tokens, loss: PolicyLoss) -> _Policy:
+    """Clipped token ratios and token IS weights; grpo averages each row first."""
+    weights_BT, limited_BT = _limit(torch.exp(t.log_weights), loss, t.corrected)
+    ratio_BT = torch.exp(t.log_ratio)
+    advantages_B1 = t.advantages.unsqueeze(1)
+    unclipped_BT = ratio_BT * advantages_B1
+    clipped_BT = ratio_BT.clamp(loss.lower, loss.upper) * advantages_B1
+    policy_BT = -torch.minimum(unclipped_BT, clipped_BT) * weights_BT
+    policy_BT = torch.where(t.mask, policy_BT, t.zeros)
+    total_BT = policy_BT + loss.beta * torch.where(t.mask, t.kl, t.zeros)
+    if loss.loss_type is LossType.GRPO:
+        per_row_B = t.tokens.clamp(min=1).to(policy_BT.dtype)
+        policy = (policy_BT.sum(dim=1) / per_row_B).sum()
+        objective = (total_BT.sum(dim=1) / per_row_B).sum()
+    else:
+        policy, objective = policy_BT.sum(), total_BT.sum()
+    return _Policy(
+        objective=objective,
+        policy=policy,
+        clipped=((clipped_BT < unclipped_BT) & t.mask).sum(),
+        is_weight_sum=torch.where(t.mask, weights_BT, t.zeros).sum(),
+        is_limited=(limited_BT & t.mask).sum(),
+    )
 
 
 def policy_loss_terms(
@@ -180,84 +228,51 @@ def policy_loss_terms(
 
     ``logprobs_BT`` carries the gradient; ``old_logprobs_BT`` defaults to ``logprobs_BT``
     detached (on-policy); without ``sampler_logprobs_BT`` there is no IS correction and no
-    mismatch; ``ref_logprobs_BT`` is needed when ``loss.beta > 0``.
+    mismatch; ``ref_logprobs_BT`` is needed when ``loss.beta > 0``. Inputs in a type below
+    float32 (bf16, fp16) are cast to float32 first; float64 stays float64.
     """
+    if ref_logprobs_BT is None and loss.beta > 0:
+        raise ConfigError("beta > 0 needs reference logprobs (a reference model)")
+    dtype = torch.promote_types(logprobs_BT.dtype, torch.float32)
+    logprobs_BT = logprobs_BT.to(dtype)
     mask_BT = loss_mask_BT.bool()
     zeros_BT = torch.zeros_like(logprobs_BT)
     current_BT = logprobs_BT.detach()
-    old_BT = current_BT if old_logprobs_BT is None else old_logprobs_BT.detach().float()
-    tokens_B = mask_BT.sum(dim=1)
-    live_B = tokens_B > 0
-    advantages_B1 = advantages_B.detach().float().unsqueeze(1)
-
-    # Importance weights against the sampler, and the learner-vs-sampler mismatch.
-    weights_BT = torch.ones_like(current_BT)
-    mismatch_BT = zeros_BT
+    old_BT = current_BT if old_logprobs_BT is None else old_logprobs_BT.detach().to(dtype)
+    mismatch_BT = log_weights_BT = zeros_BT
     if sampler_logprobs_BT is not None:
-        sampler_BT = sampler_logprobs_BT.detach().float()
+        sampler_BT = sampler_logprobs_BT.detach().to(dtype)
         mismatch_BT = torch.where(mask_BT, current_BT - sampler_BT, zeros_BT)
         log_weights_BT = torch.where(mask_BT, old_BT - sampler_BT, zeros_BT)
-    else:
-        log_weights_BT = zeros_BT
-
+    kl_BT = zeros_BT
     if ref_logprobs_BT is not None:
         ref_delta_BT = torch.where(
-            mask_BT, ref_logprobs_BT.detach().float() - logprobs_BT, zeros_BT
+            mask_BT, ref_logprobs_BT.detach().to(dtype) - logprobs_BT, zeros_BT
         )
         kl_BT = torch.exp(ref_delta_BT) - ref_delta_BT - 1.0
-    elif loss.beta > 0:
-        raise ConfigError("beta > 0 needs reference logprobs (a reference model)")
-    else:
-        kl_BT = zeros_BT
-
-    log_ratio_BT = torch.where(mask_BT, logprobs_BT - old_BT, zeros_BT)
-    if loss.loss_type == "gspo":
-        denominator_B = tokens_B.clamp(min=1).to(logprobs_BT.dtype)
-        seq_ratio_B = torch.exp(log_ratio_BT.sum(dim=1) / denominator_B)
-        seq_weight_B, seq_limited_B = _limit(
-            torch.exp(log_weights_BT.sum(dim=1) / denominator_B), loss, sampler_logprobs_BT
-        )
-        adv_B = advantages_B1.squeeze(1)
-        unclipped_B = seq_ratio_B * adv_B
-        clipped_B = seq_ratio_B.clamp(loss.lower, loss.upper) * adv_B
-        policy_B = -torch.minimum(unclipped_B, clipped_B) * seq_weight_B
-        kl_mean_B = (kl_BT * mask_BT).sum(dim=1) / denominator_B
-        live = live_B.to(policy_B.dtype)
-        policy = (policy_B * live).sum()
-        objective = policy + loss.beta * (kl_mean_B * live).sum()
-        clipped = ((clipped_B < unclipped_B) & live_B).sum()
-        is_weight_sum = (seq_weight_B * live).sum()
-        is_limited = (seq_limited_B & live_B).sum()
-    else:
-        token_weights_BT, limited_BT = _limit(torch.exp(log_weights_BT), loss, sampler_logprobs_BT)
-        weights_BT = token_weights_BT
-        ratio_BT = torch.exp(log_ratio_BT)
-        unclipped_BT = ratio_BT * advantages_B1
-        clipped_BT = ratio_BT.clamp(loss.lower, loss.upper) * advantages_B1
-        policy_BT = -torch.minimum(unclipped_BT, clipped_BT) * weights_BT
-        policy_BT = torch.where(mask_BT, policy_BT, zeros_BT)
-        total_BT = policy_BT + loss.beta * torch.where(mask_BT, kl_BT, zeros_BT)
-        if loss.loss_type == "grpo":
-            per_row_B = tokens_B.clamp(min=1).to(logprobs_BT.dtype)
-            policy = (policy_BT.sum(dim=1) / per_row_B).sum()
-            objective = (total_BT.sum(dim=1) / per_row_B).sum()
-        else:
-            policy = policy_BT.sum()
-            objective = total_BT.sum()
-        clipped = ((clipped_BT < unclipped_BT) & mask_BT).sum()
-        is_weight_sum = torch.where(mask_BT, weights_BT, zeros_BT).sum()
-        is_limited = (limited_BT & mask_BT).sum()
-
+    tokens_B = mask_BT.sum(dim=1)
+    t = _Tokens(
+        mask=mask_BT,
+        zeros=zeros_BT,
+        tokens=tokens_B,
+        live=tokens_B > 0,
+        advantages=advantages_B.detach().to(dtype),
+        log_ratio=torch.where(mask_BT, logprobs_BT - old_BT, zeros_BT),
+        log_weights=log_weights_BT,
+        kl=kl_BT,
+        corrected=sampler_logprobs_BT is not None,
+    )
+    part = _gspo(t, loss) if loss.loss_type is LossType.GSPO else _per_token(t, loss)
     abs_mismatch_BT = mismatch_BT.abs()
     return LossTerms(
-        objective=objective,
-        policy=policy.detach(),
+        objective=part.objective,
+        policy=part.policy.detach(),
         kl_sum=torch.where(mask_BT, kl_BT, zeros_BT).sum().detach(),
         tokens=tokens_B.sum(),
-        rows=live_B.sum(),
-        clipped=clipped,
-        is_weight_sum=is_weight_sum.detach(),
-        is_limited=is_limited,
+        rows=t.live.sum(),
+        clipped=part.clipped,
+        is_weight_sum=part.is_weight_sum.detach(),
+        is_limited=part.is_limited,
         mismatch_abs_sum=abs_mismatch_BT.sum(),
         mismatch_abs_max=abs_mismatch_BT.max() if abs_mismatch_BT.numel() else zeros_BT.sum(),
         mismatch_kl_sum=torch.where(
@@ -280,7 +295,8 @@ def policy_loss(
 
     For micro-batches, use `policy_loss_terms` and divide by the whole batch's
     `loss_normalizer` (what `train_step` does). A batch without policy tokens gives 0.
-    ``dr_grpo`` without ``max_completion_length`` divides by the tensors' width ``T``.
+    ``dr_grpo`` without ``max_completion_length`` divides by the `policy_span` of
+    ``loss_mask_BT``, as `train_step` does for the same batch.
     """
     terms = policy_loss_terms(
         logprobs_BT,
@@ -291,20 +307,6 @@ def policy_loss(
         sampler_logprobs_BT=sampler_logprobs_BT,
         ref_logprobs_BT=ref_logprobs_BT,
     )
-    longest = int(loss_mask_BT.shape[1])
-    normalizer = loss_normalizer(loss, float(terms.tokens), float(terms.rows), longest)
+    span = policy_span(loss_mask_BT)
+    normalizer = loss_normalizer(loss, float(terms.tokens), float(terms.rows), span)
     return terms.objective / normalizer if normalizer else terms.objective * 0.0
-
-
-def _limit(
-    weights: torch.Tensor, loss: PolicyLoss, sampler: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Apply the IS mode to raw weights; returns (weights, which were truncated or masked)."""
-    if sampler is None or loss.importance_sampling == "none":
-        return torch.ones_like(weights), torch.zeros_like(weights, dtype=torch.bool)
-    over = weights > loss.is_cap
-    if loss.importance_sampling == "truncate":
-        return weights.clamp(max=loss.is_cap), over
-    floor = loss.is_floor if loss.is_floor is not None else -math.inf
-    outside = over | (weights < floor)
-    return torch.where(outside, torch.zeros_like(weights), weights), outside

@@ -3,7 +3,10 @@
 `train_step` is what a hand-written loop calls once per batch of rollouts::
 
     advantages = compute_advantages(batch)
-    metrics = train_step(model, optimizer, batch, advantages, loss=PolicyLoss(), temperature=T)
+    metrics = train_step(model, optimizer, batch, advantages, sampling=client.sampling)
+
+``sampling`` is the ``SamplingParams`` the rollouts were played with: the learner's logprobs
+then describe the distribution the sampler drew from (same temperature and top-p).
 
 Rows that are not ``OK`` (``Batch.ok``) never reach the model: their tokens are not in the loss
 and not in its normaliser. Every ``OK`` row with a policy token is forwarded, ``micro_batch_size``
@@ -11,9 +14,10 @@ rows at a time; each micro-batch's loss is divided by the *whole batch's* normal
 accumulated gradient equals the full-batch gradient whatever the micro-batch size.
 
 Several processes (``torchrun``): each rank passes its own shard of the batch (shard by whole
-groups, so ``compute_advantages`` sees complete groups); normalisers and metrics are reduced over
-ranks and gradients summed, so every rank applies the same update. Pass the plain model, not a
-``DistributedDataParallel`` wrapper: the step all-reduces gradients itself.
+groups, so ``compute_advantages`` sees complete groups; pass it ``gather=all_gather_array``
+for batch statistics); normalisers and metrics are reduced over ranks and gradients summed, so
+every rank applies the same update. Pass the plain model, not a ``DistributedDataParallel``
+wrapper: the step all-reduces gradients itself.
 """
 
 from __future__ import annotations
@@ -29,15 +33,21 @@ import torch
 import torch.distributed as dist
 
 from nemogym_sdk.adapters.torch._dist import all_reduce_grads, all_reduce_values
-from nemogym_sdk.adapters.torch.logprobs import completion_logprobs, model_device
+from nemogym_sdk.adapters.torch.logprobs import (
+    completion_logprobs,
+    learner_processing,
+    model_device,
+)
 from nemogym_sdk.adapters.torch.losses import (
     LossTerms,
     PolicyLoss,
     loss_normalizer,
     policy_loss_terms,
+    policy_span,
 )
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.grpo import Advantages
+from nemogym_sdk.policy import SamplingParams
 from nemogym_sdk.records import Batch
 
 __all__ = ["DEFAULT_LOSS", "Reference", "StepMetrics", "train_step"]
@@ -71,7 +81,8 @@ class StepMetrics:
     is_weight_mean: float
     """Mean importance weight applied (1.0 without correction)."""
     is_limited_fraction: float
-    """Share of policy tokens (rows for gspo) whose weight hit the cap (truncated or masked)."""
+    """Share of policy tokens (rows for gspo) whose weight left ``[is_floor, is_cap]``
+    (truncated or masked)."""
     grad_norm: float
     """Gradient norm before clipping (all ranks' gradients summed)."""
     tokens: int
@@ -98,11 +109,9 @@ def train_step(
     batch: Batch,
     advantages: Advantages | npt.ArrayLike | torch.Tensor,
     *,
+    sampling: SamplingParams,
     loss: PolicyLoss = DEFAULT_LOSS,
     micro_batch_size: int = 8,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
     ref_model: Reference = None,
     old_logprobs: npt.ArrayLike | torch.Tensor | None = None,
     max_grad_norm: float | None = 1.0,
@@ -115,11 +124,14 @@ def train_step(
         optimizer: the optimizer over those parameters.
         batch: this rank's rows (``collate``); rows that are not OK are skipped.
         advantages: one per row: ``compute_advantages(batch)`` or a ``[B]`` array.
+        sampling: the ``SamplingParams`` the rollouts were played with (``AgentClient``'s
+            ``sampling``). The learner applies the same temperature and top-p, so its
+            logprobs describe the distribution the tokens were drawn from (the sampler must
+            report ``processed_logprobs``, or sample with temperature 1 and no top-p). A
+            field left None means the API default 1.0, as on the sampler when the row sets
+            no value either (see `learner_processing`); greedy sampling is a ConfigError.
         loss: which policy loss and its knobs.
         micro_batch_size: rows per forward/backward pass (gradient accumulation).
-        temperature, top_k, top_p: the sampler's processing, so the learner's logprobs describe
-            the distribution the tokens were drawn from (the sampler must report
-            ``processed_logprobs``, or sample with temperature 1 and no truncation).
         ref_model: reference for the KL term; needed when ``loss.beta > 0``.
         old_logprobs: ``[B, T]`` logprobs of the policy that produced the batch, for a second
             optimizer step on the same batch; None = on-policy (the current model's).
@@ -128,6 +140,57 @@ def train_step(
             group; None = when ``torch.distributed`` is initialised. False computes this
             rank's batch alone (e.g. a single-process reference inside a distributed job).
     """
+    temperature, top_p = learner_processing(sampling)
+    _check_arguments(model, loss, ref_model, micro_batch_size)
+    device = model_device(model)
+    collective = (
+        dist.is_available() and dist.is_initialized() if distributed is None else distributed
+    )
+    advantages_B = _advantages(advantages, len(batch))
+    old_BT = _old_logprobs(old_logprobs, batch)
+    loss_mask_BT = batch.loss_mask  # completion_mask * env_mask * ok, computed once per step
+    rows = _trainable_rows(batch, loss_mask_BT, loss)
+    normalizer = _normalizer(loss_mask_BT[rows], loss, device, collective)
+
+    optimizer.zero_grad(set_to_none=True)
+    began = time.perf_counter()
+    totals = _Totals()
+    for start in range(0, len(rows), micro_batch_size):
+        terms = _micro_batch(
+            model,
+            batch,
+            loss_mask_BT,
+            rows[start : start + micro_batch_size],
+            advantages_B,
+            loss,
+            device,
+            processing={"temperature": temperature, "top_p": top_p},
+            ref_model=ref_model,
+            old_BT=old_BT,
+        )
+        if normalizer > 0:
+            (terms.objective / normalizer).backward()  # type: ignore[no-untyped-call]
+        totals.add(terms)
+    forward_backward_s = time.perf_counter() - began
+
+    began = time.perf_counter()
+    stepped = normalizer > 0
+    grad_norm = _update(model, optimizer, max_grad_norm, collective=collective, stepped=stepped)
+    return totals.metrics(
+        collective=collective,
+        normalizer=normalizer,
+        per_row=loss.loss_type == "gspo",
+        device=device,
+        grad_norm=grad_norm,
+        stepped=stepped,
+        forward_backward_s=forward_backward_s,
+        optimizer_s=time.perf_counter() - began,
+    )
+
+
+def _check_arguments(
+    model: torch.nn.Module, loss: PolicyLoss, ref_model: Reference, micro_batch_size: int
+) -> None:
     if micro_batch_size < 1:
         raise ConfigError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
@@ -136,82 +199,61 @@ def train_step(
         )
     if loss.beta > 0 and ref_model is None:
         raise ConfigError("loss.beta > 0 needs ref_model (a module, or 'disable_adapter')")
-    device = model_device(model)
-    collective = (
-        dist.is_available() and dist.is_initialized() if distributed is None else distributed
-    )
-    advantages_B = _advantages(advantages, len(batch))
-    old_BT = None
-    if old_logprobs is not None:
-        old_BT = torch.as_tensor(old_logprobs, dtype=torch.float32)
-        if tuple(old_BT.shape) != batch.completion_ids.shape:
-            raise ConfigError(
-                f"old_logprobs must have the batch's completion shape "
-                f"{batch.completion_ids.shape}, got {tuple(old_BT.shape)}"
-            )
-    loss_mask_BT = batch.loss_mask  # completion_mask * env_mask, computed once per step
-    rows = _trainable_rows(batch, loss_mask_BT, loss)
-    local_tokens = float(loss_mask_BT[rows].sum())
+
+
+def _old_logprobs(
+    old_logprobs: npt.ArrayLike | torch.Tensor | None, batch: Batch
+) -> torch.Tensor | None:
+    if old_logprobs is None:
+        return None
+    old_BT = torch.as_tensor(old_logprobs, dtype=torch.float32)
+    if tuple(old_BT.shape) != batch.completion_ids.shape:
+        raise ConfigError(
+            f"old_logprobs must have the batch's completion shape "
+            f"{batch.completion_ids.shape}, got {tuple(old_BT.shape)}"
+        )
+    return old_BT
+
+
+def _normalizer(
+    kept_BT: npt.NDArray[np.int8], loss: PolicyLoss, device: torch.device, collective: bool
+) -> float:
+    """The whole batch's normaliser over the rows in the loss of every rank."""
     tokens, row_count = all_reduce_values(
-        [local_tokens, float(len(rows))], dist.ReduceOp.SUM, device, enabled=collective
+        [float(kept_BT.sum()), float(kept_BT.shape[0])],
+        dist.ReduceOp.SUM,
+        device,
+        enabled=collective,
     )
-    # dr_grpo without a configured length divides by the longest real completion (never by
-    # the padded width, so padding cannot change the loss).
-    (longest,) = all_reduce_values(
-        [float(batch.completion_mask.sum(axis=1).max())],
+    # dr_grpo without a configured length: the policy span over every rank's rows in the loss
+    # (the same number policy_loss takes from the loss mask; padding cannot change it)
+    (span,) = all_reduce_values(
+        [float(policy_span(torch.from_numpy(np.ascontiguousarray(kept_BT))))],
         dist.ReduceOp.MAX,
         device,
         enabled=collective,
     )
-    normalizer = loss_normalizer(loss, tokens, row_count, int(longest))
+    return loss_normalizer(loss, tokens, row_count, int(span))
 
-    optimizer.zero_grad(set_to_none=True)
-    began = time.perf_counter()
-    totals = _Totals()
-    micro_batches = 0
-    for start in range(0, len(rows), micro_batch_size):
-        picked = rows[start : start + micro_batch_size]
-        terms = _micro_batch(
-            model,
-            batch,
-            loss_mask_BT,
-            picked,
-            advantages_B,
-            loss,
-            device,
-            processing={"temperature": temperature, "top_k": top_k, "top_p": top_p},
-            ref_model=ref_model,
-            old_BT=old_BT,
-        )
-        if normalizer > 0:
-            (terms.objective / normalizer).backward()  # type: ignore[no-untyped-call]
-        totals.add(terms)
-        micro_batches += 1
-    forward_backward_s = time.perf_counter() - began
 
-    began = time.perf_counter()
+def _update(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    max_grad_norm: float | None,
+    *,
+    collective: bool,
+    stepped: bool,
+) -> float:
+    """Sum gradients over ranks, clip, step; returns the gradient norm before clipping."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     all_reduce_grads(trainable, enabled=collective)
-    grads = [p.grad for p in trainable if p.grad is not None]
     grad_norm = 0.0
-    if grads:
+    if any(p.grad is not None for p in trainable):
         limit = math.inf if max_grad_norm is None else max_grad_norm
         grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, limit))
-    stepped = normalizer > 0
     if stepped:
         optimizer.step()
-    optimizer_s = time.perf_counter() - began
-    return totals.metrics(
-        collective=collective,
-        normalizer=normalizer,
-        per_row=loss.loss_type == "gspo",
-        device=device,
-        grad_norm=grad_norm,
-        micro_batches=micro_batches,
-        stepped=stepped,
-        forward_backward_s=forward_backward_s,
-        optimizer_s=optimizer_s,
-    )
+    return grad_norm
 
 
 def _micro_batch(
@@ -269,11 +311,13 @@ class _Totals:
     def __init__(self) -> None:
         self.sums = dict.fromkeys(self._SUMS, 0.0)
         self.mismatch_max = 0.0
+        self.micro_batches = 0
 
     def add(self, terms: LossTerms) -> None:
         for name in self._SUMS:
             self.sums[name] += float(getattr(terms, name).detach())
         self.mismatch_max = max(self.mismatch_max, float(terms.mismatch_abs_max))
+        self.micro_batches += 1
 
     def metrics(
         self,
@@ -309,6 +353,7 @@ class _Totals:
             is_limited_fraction=mean("is_limited", units),
             tokens=int(tokens),
             rows=int(rows),
+            micro_batches=self.micro_batches,
             **extra,
         )
 

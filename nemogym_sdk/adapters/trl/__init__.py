@@ -46,7 +46,7 @@ import_trl()
 
 from nemogym_sdk.adapters.trl.dataset import ROW_ID_KEY, make_dataset, prompt_row_id  # noqa: E402
 from nemogym_sdk.adapters.trl.rewards import (  # noqa: E402
-    VerifyReward,
+    TRLVerifyReward,
     make_verify_reward,
     nemo_gym_reward,
 )
@@ -65,8 +65,8 @@ __all__ = [
     "NemoGymRolloutFunc",
     "ROW_ID_KEY",
     "TESTED_TRL",
+    "TRLVerifyReward",
     "UnsupportedTRLError",
-    "VerifyReward",
     "check_trl_version",
     "make_dataset",
     "make_rollout_func",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from types import ModuleType
 
+from nemogym_sdk.errors import NemoGymError
+
 __all__ = [
     "MAX_TRL_EXCLUSIVE",
     "MIN_TRL",
@@ -26,7 +28,7 @@ TESTED_TRL = "1.16.0"
 _INSTALL_HINT = "pip install 'nemogym-sdk[trl]'"
 
 
-class UnsupportedTRLError(ImportError):
+class UnsupportedTRLError(NemoGymError, ImportError):
     """The installed TRL is outside the range this adapter supports."""
 
 

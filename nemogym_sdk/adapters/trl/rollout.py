@@ -18,10 +18,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from nemogym_sdk.client import AgentClient
+from nemogym_sdk.collate import collate
 from nemogym_sdk.directory import ServerDirectory
 from nemogym_sdk.errors import ConfigError
+from nemogym_sdk.metrics import RolloutStats
 from nemogym_sdk.policy import RetryPolicy, SamplingParams, Timeouts
-from nemogym_sdk.records import DriftPolicy, Rollout, RolloutRequest, TaskRow
+from nemogym_sdk.records import DriftPolicy, ParseOptions, Rollout, RolloutRequest, TaskRow
 
 from .dataset import prompt_row_id
 
@@ -150,6 +152,8 @@ class NemoGymRolloutFunc:
         self._lock = threading.Lock()
         self.last_rollouts: tuple[Rollout, ...] = ()
         """The rollouts of the latest call, in prompt order (for metrics and tests)."""
+        self.last_stats: RolloutStats | None = None
+        """The SDK's step metrics of the latest call (this process's rollouts)."""
         self.calls = 0
         """How many times TRL has called this function."""
 
@@ -201,12 +205,11 @@ class NemoGymRolloutFunc:
         eos = _eos_token_id(trainer)
         client = self._client_for(trainer)
         limit = getattr(trainer, "max_completion_length", None)
-        raws = client.run_raw_sync(requests)
-        rollouts = [
-            client.to_rollout(raw, eos, on_drift=self._on_drift, max_completion_length=limit)
-            for raw in raws
-        ]
+        parse = ParseOptions(on_drift=self._on_drift, max_completion_length=limit)
+        rollouts = client.run_sync(requests, eos_token_id=eos, parse=parse)
         self.last_rollouts = tuple(rollouts)
+        self.last_stats = RolloutStats.of(collate(rollouts, pad_token_id=eos))
+        _log_stats(trainer, self.last_stats)
         self.calls += 1
         return to_trl_output(rollouts)
 
@@ -222,6 +225,21 @@ class NemoGymRolloutFunc:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _log_stats(trainer: Any, stats: RolloutStats) -> None:
+    """Log the step metrics as ``nemo_gym/<name>`` through TRL's metric log (the one its
+    reward functions' ``log_metric`` feeds: averaged over processes per logging step, and
+    reported wherever the trainer's ``report_to`` sends its metrics)."""
+    log_metric = getattr(trainer, "_log_metric", None)
+    if not callable(log_metric):
+        return
+    for name, value in stats.as_metrics().items():
+        if isinstance(value, dict):
+            for status, count in value.items():
+                log_metric(f"nemo_gym/{name}/{status}", float(count))
+        elif value == value:  # NaN (no OK rollout) stays out of TRL's running means
+            log_metric(f"nemo_gym/{name}", float(value))
 
 
 def to_trl_output(rollouts: Sequence[Rollout]) -> dict[str, list[Any]]:

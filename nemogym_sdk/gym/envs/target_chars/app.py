@@ -25,7 +25,7 @@ from resources_servers.gymnasium import GymnasiumServer, extract_text
 
 
 class TargetCharsEnv(GymnasiumServer):
-    """Per-session episodes in ``self.session_state`` (``session id -> rules.Episode``).
+    """Per-session episodes in ``self.session_state`` (``session id -> rules.GameState``).
 
     The base class drops a session's entry when a step terminates or truncates
     (``close_session`` -> ``_cleanup_session``), so finished episodes hold no memory.
@@ -38,7 +38,7 @@ class TargetCharsEnv(GymnasiumServer):
             task = rules.Task.from_row(metadata)
         except ValueError as exc:
             raise HTTPException(status_code=422, detail=f"{rules.NAME}: {exc}") from exc
-        self.session_state[session_id] = rules.Episode(task=task)
+        self.session_state[session_id] = rules.GameState(task=task)
         return task.observation(1), {"round": 1, "num_rounds": task.num_rounds}
 
     async def step(

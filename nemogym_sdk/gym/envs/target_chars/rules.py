@@ -143,7 +143,7 @@ class StepResult:
 
 
 @dataclasses.dataclass
-class Episode:
+class GameState:
     """One running episode: the task and the round rewards so far (per-session state)."""
 
     task: Task

@@ -1,4 +1,4 @@
-"""Logit processing shared by the sampler and the learner, and the two logprob modes.
+"""Logit processing shared by the sampler and the learner (imports torch).
 
 A sampler with temperature ``tau``, top-k ``k`` and top-p ``p`` draws each token from
 
@@ -14,7 +14,8 @@ probabilities with ``q``, not with ``softmax(logits)``. vLLM reports either
   from, renormalised over the kept tokens (tokens outside it get ``-inf``; JSON carries -9999.0).
 
 `process_logits` is the one implementation of ``process``: `nemogym_sdk.serve` samples with it and
-`nemogym_sdk.adapters.torch` recomputes the learner's logprobs with it, so both sides agree.
+`nemogym_sdk.adapters.torch` recomputes the learner's logprobs with it, so both sides agree. (It
+lives beside the package's core, not in either of them: neither side imports the other.)
 Greedy decoding (temperature 0) is not a distribution; its processed logprobs are the raw ones.
 """
 
@@ -22,15 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from nemogym_sdk.serve.interface import LOGPROBS_MODES, MASKED_LOGPROB, LogprobsMode
-
-__all__ = [
-    "LOGPROBS_MODES",
-    "MASKED_LOGPROB",
-    "LogprobsMode",
-    "is_greedy",
-    "process_logits",
-]
+__all__ = ["is_greedy", "process_logits"]
 
 _GREEDY_BELOW = 1e-5
 

@@ -1,0 +1,157 @@
+"""What a training step's rollouts were: one set of step metrics for every trainer.
+
+``RolloutStats.of(batch, advantages)`` counts, for one rank's batch, everything a trainer
+logs about its rollouts: episodes by status, rewards and turns of the ``OK`` ones, policy
+and environment tokens, truncations, and the groups that teach nothing (degenerate or zero
+spread, as ``compute_advantages`` decided). Every field is a sum, so the stats of several
+ranks merge exactly (``RolloutStats.merge``; groups never span ranks, because ranks play
+whole groups). ``as_metrics`` names them for a logger. The learner's side (loss, clipping,
+importance weights, sampler-learner mismatch) is ``adapters.torch.StepMetrics``, already
+reduced over ranks by ``train_step``; a step's line is the two together.
+
+The reference trainer (``nemogym-train``), the axolotl data producer, the TRL rollout
+function and ``examples/torch_grpo.py`` all log these, under these names.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+import numpy as np
+
+from nemogym_sdk.grpo import Advantages, compute_advantages
+from nemogym_sdk.records import Batch, RolloutStatus
+
+__all__ = ["RolloutStats"]
+
+
+def _counts(value: Mapping[str, int]) -> dict[str, int]:
+    return {str(k): int(v) for k, v in value.items() if v}
+
+
+@attrs.frozen(kw_only=True)
+class RolloutStats:
+    """Sums over one step's rollouts (one rank's, or several merged)."""
+
+    episodes: int
+    """Episodes played (rollouts handed in; a rollout's forks are one episode)."""
+    samples: int
+    """Batch rows (samples, forks included)."""
+    statuses: Mapping[str, int] = attrs.field(converter=_counts)
+    """Episodes per ``RolloutStatus`` value (statuses with none are left out)."""
+    ok_reward_sum: float
+    """Sum of the rewards of ``OK`` episodes."""
+    ok_reward_square_sum: float
+    """Sum of their squares (for the standard deviation)."""
+    ok_turns_sum: int
+    """Sum of the model turns of ``OK`` episodes' samples."""
+    ok_samples: int
+    """``OK`` samples (the rows ``ok_turns_sum`` counts)."""
+    policy_tokens: int
+    """Policy tokens of ``OK`` samples: what the loss may train on."""
+    env_tokens: int
+    """Environment tokens of ``OK`` samples (tool output, template glue): context only."""
+    truncated: int
+    """Samples cut to ``max_completion_length``."""
+    groups: int
+    """Groups (rows of the dataset, each played ``num_generations`` times)."""
+    degenerate_groups: int
+    """Groups with fewer than two ``OK`` episodes: no baseline, advantages 0."""
+    zero_spread_groups: int
+    """Groups whose ``OK`` rewards are all equal: advantages 0."""
+
+    @classmethod
+    def of(cls, batch: Batch, advantages: Advantages | None = None) -> RolloutStats:
+        """The stats of one batch; ``advantages`` (``compute_advantages(batch)``) says
+        which groups teach nothing, and is computed with the defaults when not given."""
+        if advantages is None:
+            advantages = compute_advantages(batch)
+        _, first_E = np.unique(batch.episode_index, return_index=True)
+        ok_B = np.asarray(batch.ok, dtype=np.bool_)
+        ok_E = ok_B[first_E]
+        rewards_E = np.asarray(batch.rewards, dtype=np.float64)[first_E][ok_E]
+        completion_BT = np.asarray(batch.completion_mask, dtype=np.int64) * ok_B[:, None]
+        policy_BT = completion_BT * np.asarray(batch.env_mask, dtype=np.int64)
+        statuses = Counter(str(s) for s in np.asarray(batch.statuses)[first_E].tolist())
+        group_stats = advantages.stats
+        return cls(
+            episodes=int(first_E.shape[0]),
+            samples=len(batch),
+            statuses=statuses,
+            ok_reward_sum=float(rewards_E.sum()),
+            ok_reward_square_sum=float((rewards_E * rewards_E).sum()),
+            ok_turns_sum=int(np.asarray(batch.num_turns)[ok_B].sum()),
+            ok_samples=int(ok_B.sum()),
+            policy_tokens=int(policy_BT.sum()),
+            env_tokens=int(completion_BT.sum() - policy_BT.sum()),
+            truncated=int(np.asarray(batch.truncated).sum()),
+            groups=int(group_stats.num_groups),
+            degenerate_groups=int(group_stats.degenerate_groups),
+            zero_spread_groups=int(group_stats.zero_spread_groups),
+        )
+
+    @classmethod
+    def merge(cls, parts: Iterable[RolloutStats]) -> RolloutStats:
+        """The stats of several ranks' batches together (every field adds up)."""
+        parts = list(parts)
+        if not parts:
+            raise ValueError("merge needs at least one RolloutStats")
+        sums: dict[str, Any] = {}
+        for field in attrs.fields(cls):
+            values = [getattr(part, field.name) for part in parts]
+            if field.name == "statuses":
+                sums[field.name] = sum((Counter(v) for v in values), Counter())
+            else:
+                sums[field.name] = sum(values)
+        return cls(**sums)
+
+    @property
+    def ok(self) -> int:
+        """``OK`` episodes."""
+        return self.statuses.get(RolloutStatus.OK.value, 0)
+
+    @property
+    def reward_mean(self) -> float:
+        """Mean reward of ``OK`` episodes (NaN without any)."""
+        return self.ok_reward_sum / self.ok if self.ok else math.nan
+
+    @property
+    def reward_std(self) -> float:
+        """Population standard deviation of the same rewards (NaN without any)."""
+        if not self.ok:
+            return math.nan
+        mean = self.reward_mean
+        return math.sqrt(max(0.0, self.ok_reward_square_sum / self.ok - mean * mean))
+
+    def as_metrics(self) -> dict[str, Any]:
+        """The step metrics, by the names every trainer logs them under.
+
+        ``rollouts``, ``ok``, ``ok_fraction``, ``failures`` (episodes per failed status, a
+        dict), ``reward_mean``, ``reward_std``, ``turns_mean``, ``samples``,
+        ``policy_tokens``, ``env_tokens``, ``truncated``, ``groups``,
+        ``degenerate_groups``, ``zero_spread_groups``.
+        """
+        return {
+            "rollouts": self.episodes,
+            "ok": self.ok,
+            "ok_fraction": self.ok / self.episodes if self.episodes else math.nan,
+            "failures": {
+                status: count
+                for status, count in self.statuses.items()
+                if status != RolloutStatus.OK.value
+            },
+            "reward_mean": self.reward_mean,
+            "reward_std": self.reward_std,
+            "turns_mean": self.ok_turns_sum / self.ok_samples if self.ok_samples else 0.0,
+            "samples": self.samples,
+            "policy_tokens": self.policy_tokens,
+            "env_tokens": self.env_tokens,
+            "truncated": self.truncated,
+            "groups": self.groups,
+            "degenerate_groups": self.degenerate_groups,
+            "zero_spread_groups": self.zero_spread_groups,
+        }
