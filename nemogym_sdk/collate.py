@@ -4,8 +4,8 @@ Prompts are left-padded (so every prompt ends where its completion starts) and
 completions right-padded. Masks come from the recorded lengths, never from comparing
 ids with ``pad_token_id``: the pad id may equal the eos id, and comparing would hide
 real eos tokens. The env mask is padded with 1 (TRL's convention: padding is excluded
-by ``completion_mask``), sampling logprobs with 0.0, and the loss mask is
-``completion_mask * env_mask``.
+by ``completion_mask``), sampling logprobs with 0.0, policy versions with -1, and the loss
+mask is ``completion_mask * env_mask`` on rows that are ``OK``.
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ def collate(
     completion_ids_BT = np.empty((B, T), dtype=np.int64)
     env_mask_BT = np.empty((B, T), dtype=np.int8)
     logprobs_BT = np.empty((B, T), dtype=np.float32)
+    versions_BT = np.full((B, T), -1, dtype=np.int64)
     for b, rollout in enumerate(rows):
         start, t = P - int(prompt_lens_B[b]), int(completion_lens_B[b])
         prompt_ids_BP[b, :start] = pad_token_id
@@ -72,6 +73,8 @@ def collate(
         env_mask_BT[b, t:] = 1
         logprobs_BT[b, :t] = rollout.logprobs
         logprobs_BT[b, t:] = 0.0
+        if rollout.versions is not None:
+            versions_BT[b, :t] = rollout.versions
     # bool -> int8 is a view (same item size), not a copy
     prompt_mask_BP = (np.arange(P)[None, :] >= (P - prompt_lens_B)[:, None]).view(np.int8)
     completion_mask_BT = (np.arange(T)[None, :] < completion_lens_B[:, None]).view(np.int8)
@@ -98,6 +101,7 @@ def collate(
             [-1 if r.repeat_index is None else r.repeat_index for r in rows], dtype=np.int64
         ),
         reward_components=components,
+        versions=versions_BT,
     )
 
 

@@ -176,6 +176,28 @@ def _check_lengths(instance: Rollout, attribute: attrs.Attribute[Any], value: An
         )
 
 
+def _optional_ids(value: Any) -> IntArray | None:
+    return None if value is None else _ids(value)
+
+
+def _optional_array_eq(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is b
+    return bool(np.array_equal(a, b))
+
+
+def _check_versions(instance: Rollout, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and len(value) != len(instance.completion_ids):
+        raise ValueError(
+            f"Rollout.versions has {len(value)} entries for {len(instance.completion_ids)} "
+            "completion tokens"
+        )
+
+
+def _versions_tuple(value: Any) -> tuple[int | None, ...]:
+    return tuple(None if v is None else int(v) for v in value)
+
+
 @attrs.frozen(kw_only=True)
 class Rollout:
     """One training sample built from one NeMo Gym ``/run`` result.
@@ -216,6 +238,19 @@ class Rollout:
     """Where the history drifted, for ``DRIFT`` rollouts and for forks that start at a drift."""
     forks: tuple[Rollout, ...] = ()
     """Further samples from the same episode, each starting at a drift point (``FORK`` policy)."""
+    turn_versions: tuple[int | None, ...] = attrs.field(default=(), converter=_versions_tuple)
+    """Per model turn in this sample, the policy (adapter) version that generated it, as the
+    sampler reported it on the turn (``nemogym_sdk.wire.versions``); None for a turn whose
+    sampler did not say. Empty for failures."""
+    versions: IntArray | None = attrs.field(
+        default=None,
+        converter=_optional_ids,
+        eq=attrs.cmp_using(eq=_optional_array_eq),
+        validator=_check_versions,
+    )
+    """``[T]`` the version that generated each completion token (``turn_versions`` spread over
+    the turns' tokens); -1 on environment tokens and on turns without a version. None when no
+    turn has one."""
 
     @classmethod
     def failed(
@@ -245,6 +280,12 @@ class Rollout:
     def ok(self) -> bool:
         """Whether the sample belongs in the loss and the group baseline."""
         return self.status is RolloutStatus.OK
+
+    @property
+    def oldest_version(self) -> int | None:
+        """The oldest policy version among the turns that report one (None: none does)."""
+        known = [v for v in self.turn_versions if v is not None]
+        return min(known) if known else None
 
     def samples(self) -> tuple[Rollout, ...]:
         """This sample followed by its forks, in episode order."""
@@ -362,6 +403,9 @@ class Batch:
     """``[B]`` index within the row's group, -1 when unknown."""
     reward_components: Mapping[str, npt.NDArray[np.float32]] = attrs.field(converter=_frozen_views)
     """Per named reward term, a ``[B]`` array; NaN where a row does not report that term."""
+    versions: npt.NDArray[np.int64] = attrs.field(converter=_frozen_view)
+    """``[B, T]`` the policy version that generated each token (``Rollout.versions``); -1 on
+    environment tokens, padding, and tokens whose sampler did not report a version."""
 
     def __len__(self) -> int:
         return int(self.prompt_ids.shape[0])
@@ -382,6 +426,25 @@ class Batch:
         """
         ok_B1 = self.ok[:, None].astype(np.int8)
         return self.completion_mask * self.env_mask * ok_B1
+
+    @property
+    def oldest_versions(self) -> npt.NDArray[np.int64]:
+        """``[B]`` the oldest version among each row's tokens, -1 for a row with none."""
+        known_BT = self.versions >= 0
+        if self.versions.shape[1] == 0:
+            return np.full(len(self), -1, dtype=np.int64)
+        big = np.iinfo(np.int64).max
+        oldest_B = np.where(known_BT, self.versions, big).min(axis=1)
+        return np.where(known_BT.any(axis=1), oldest_B, -1).astype(np.int64)
+
+    def staleness(self, learner_version: int) -> npt.NDArray[np.int64]:
+        """``[B, T]`` how many versions the policy had moved on when it learns from each
+        token: ``learner_version - versions`` on ``loss_mask`` tokens with a known version,
+        -1 everywhere else. ``learner_version`` is the version of the weights ``train_step``
+        starts from (0 before the first step; the version the sampler got after step k is
+        k + 1)."""
+        counted_BT = (self.loss_mask > 0) & (self.versions >= 0)
+        return np.where(counted_BT, learner_version - self.versions, -1).astype(np.int64)
 
     def to_torch(self, device: str | torch.device | None = None) -> dict[str, torch.Tensor]:
         """The numeric arrays as torch tensors on ``device`` (torch is imported here, lazily).

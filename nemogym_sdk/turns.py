@@ -174,7 +174,7 @@ def _failure(result: RunResult, eos: int) -> Rollout | None:
 class _Segment:
     """A sample under construction: its prompt, its completion and its turn count."""
 
-    __slots__ = ("builder", "drift", "num_turns", "prompt_ids")
+    __slots__ = ("builder", "drift", "num_turns", "prompt_ids", "spans", "turn_versions")
 
     def __init__(
         self,
@@ -186,6 +186,27 @@ class _Segment:
         self.builder = builder
         self.num_turns = 0
         self.drift = drift
+        self.turn_versions: list[int | None] = []
+        self.spans: list[tuple[int, int, int]] = []  # (start, tokens, version) of versioned turns
+
+    def add_turn(self, turn: ModelTurn) -> None:
+        """The turn's generation, with its logprobs and (when known) its policy version."""
+        assert turn.logprobs is not None  # _failure checked
+        start = len(self.builder)
+        self.builder.add_model_raw(turn.generation, turn.logprobs)
+        self.num_turns += 1
+        self.turn_versions.append(turn.version)
+        if turn.version is not None:
+            self.spans.append((start, len(self.builder) - start, turn.version))
+
+    def versions(self, length: int) -> npt.NDArray[np.int64] | None:
+        """Per token of the first ``length`` completion tokens, the version that made it."""
+        if not self.spans:
+            return None
+        versions_T = np.full(len(self.builder), -1, dtype=np.int64)
+        for start, n, version in self.spans:
+            versions_T[start : start + n] = version
+        return versions_T[:length]
 
 
 def _stitch(
@@ -219,8 +240,7 @@ def _stitch(
                     break
                 builder = CompletionBuilder()
                 segments.append(_Segment(np.frombuffer(prompt, dtype=np.int64), builder, drift))
-        builder.add_model_raw(turn.generation, turn.logprobs)
-        segments[-1].num_turns += 1
+        segments[-1].add_turn(turn)
         previous = turn
 
     status = RolloutStatus.MASKED if result.mask_sample else RolloutStatus.OK
@@ -242,6 +262,8 @@ def _stitch(
             error=error,
             reward_components=result.reward_components,
             truncated=completion.truncated,
+            turn_versions=segment.turn_versions,
+            versions=segment.versions(len(completion)),
             **extra,
         )
 

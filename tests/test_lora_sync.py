@@ -59,17 +59,26 @@ def fake() -> Iterator[FakeVLLM]:
 
 
 def test_push_uses_load_inplace_and_confirms(fake: FakeVLLM, tmp_path: Path) -> None:
-    """First a plain load, then load_inplace; each version lands in its own directory."""
+    """First a plain load, then load_inplace; each version lands in its own directory, and
+    each load names its version (``policy_version``, for ``nemogym_sdk.serve``)."""
     source = write_adapter(tmp_path)
     with LoraSync(fake.url, "policy", tmp_path / "out") as sync:
         first, second = sync.push(source), sync.push(source)
     assert (first.version, first.inplace, second.version, second.inplace) == (1, False, 2, True)
     out = (tmp_path / "out" / "policy").resolve()
     assert fake.posts() == [
-        ("/v1/load_lora_adapter", {"lora_name": "policy", "lora_path": str(out / "v000001")}),
         (
             "/v1/load_lora_adapter",
-            {"lora_name": "policy", "lora_path": str(out / "v000002"), "load_inplace": True},
+            {"lora_name": "policy", "lora_path": str(out / "v000001"), "policy_version": 1},
+        ),
+        (
+            "/v1/load_lora_adapter",
+            {
+                "lora_name": "policy",
+                "lora_path": str(out / "v000002"),
+                "policy_version": 2,
+                "load_inplace": True,
+            },
         ),
     ]
     assert (out / "v000002" / "adapter_model.safetensors").read_bytes() == b"weights"

@@ -134,7 +134,7 @@ def test_batch_arrays_are_read_only_like_rollouts() -> None:
         for field in attrs.fields(ng.Batch)
         if isinstance(getattr(batch, field.name), np.ndarray)
     }
-    assert len(arrays) == 12
+    assert len(arrays) == 13  # versions included
     arrays.update({f"reward_components[{k}]": v for k, v in batch.reward_components.items()})
     for name, array in arrays.items():
         assert not array.flags.writeable, name

@@ -4,9 +4,12 @@ One publish, start to end (``sync``, ``initialize`` and ``push`` all do this):
 
 1. write the adapter to ``<directory>/<adapter_name>/v{version:06d}``: into a temporary
    sibling first, renamed into place, so a server never reads a half-written adapter;
-2. ``POST /v1/load_lora_adapter {lora_name, lora_path, load_inplace: true}`` when the
-   server supports in-place loads (a plain load while the name is not loaded yet);
-   otherwise ``POST /v1/unload_lora_adapter`` then a plain load;
+2. ``POST /v1/load_lora_adapter {lora_name, lora_path, load_inplace: true,
+   policy_version}`` when the server supports in-place loads (a plain load while the name
+   is not loaded yet); otherwise ``POST /v1/unload_lora_adapter`` then a plain load.
+   ``policy_version`` is the version number: ``nemogym_sdk.serve`` tags every answer with the
+   version that generated it (and may keep several side by side, ``--adapter-versions``);
+   vLLM ignores the key;
 3. confirm: ``GET /v1/models`` must list ``adapter_name`` with ``root`` equal to the new
    path;
 4. delete version directories beyond the newest ``keep``.
@@ -50,6 +53,7 @@ from nemogym_sdk.lora.probe import (
     request,
 )
 from nemogym_sdk.lora.versions import AdapterVersions
+from nemogym_sdk.wire import LOAD_VERSION_FIELD
 
 __all__ = ["LoraSync", "SyncRecord"]
 
@@ -350,7 +354,11 @@ class LoraSync:
             if response.status_code >= 400 and response.status_code != 404:
                 raise self._failure("unload", response, version, path)
             self._loaded = False
-        body: dict[str, Any] = {"lora_name": self.adapter_name, "lora_path": str(path)}
+        body: dict[str, Any] = {
+            "lora_name": self.adapter_name,
+            "lora_path": str(path),
+            LOAD_VERSION_FIELD: version,
+        }
         if inplace:
             body["load_inplace"] = True
         response = self._post(LOAD_ROUTE, body)
@@ -390,7 +398,11 @@ class LoraSync:
             if root is not None and os.path.normpath(root) == os.path.normpath(last.path):
                 self._loaded = True
                 return f"The server still serves version {last.version}."
-            body: dict[str, Any] = {"lora_name": self.adapter_name, "lora_path": last.path}
+            body: dict[str, Any] = {
+                "lora_name": self.adapter_name,
+                "lora_path": last.path,
+                LOAD_VERSION_FIELD: last.version,
+            }
             if root is not None and self._capabilities is not None and self._capabilities.inplace:
                 body["load_inplace"] = True  # vLLM records the failed path as root: undo it
             response = self._post(LOAD_ROUTE, body)

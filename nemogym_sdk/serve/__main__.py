@@ -120,6 +120,27 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument(
+        "--adapter-versions",
+        type=int,
+        default=1,
+        metavar="N",
+        help=(
+            "keep the newest N versions of each LoRA adapter loaded side by side (a load that "
+            "names its policy_version, as LoraSync sends, gets a slot of its own); an async "
+            "trainer with staleness K needs K + 2 (default 1: one version, reloaded in place)"
+        ),
+    )
+    parser.add_argument(
+        "--version-policy",
+        choices=("pinned", "in_flight"),
+        default="pinned",
+        help=(
+            "which adapter version answers a request for the adapter's name: pinned, the one "
+            "the episode started on (read from the conversation); in_flight, the newest "
+            "(default pinned)"
+        ),
+    )
+    parser.add_argument(
         "--scripted-tool-turns",
         type=int,
         default=2,
@@ -212,6 +233,7 @@ def _engine(args: argparse.Namespace) -> ServeEngine:
     from nemogym_sdk.serve.engine import ServeEngine
     from nemogym_sdk.serve.record import SamplingRecorder
     from nemogym_sdk.serve.script import DEFAULT_SCRIPTED_ANSWER, Script
+    from nemogym_sdk.serve.versions import ServedVersions
 
     recorder = SamplingRecorder(args.record) if args.record else None
     backend: CausalLMBackend | VllmBackend
@@ -268,6 +290,7 @@ def _engine(args: argparse.Namespace) -> ServeEngine:
         seed=args.seed,
         logprobs_mode=args.logprobs_mode,
         recorder=recorder,
+        versions=ServedVersions(args.adapter_versions, args.version_policy),
     )
 
 

@@ -48,7 +48,9 @@ from nemogym_sdk.serve.tools import (
     parse_tool_calls,
     tool_function,
 )
+from nemogym_sdk.serve.versions import ServedVersion, ServedVersions, version_cards
 from nemogym_sdk.serve.vllm_backend import VllmBackend
+from nemogym_sdk.wire import LOAD_VERSION_FIELD, ROUTED_EXPERTS, policy_version_envelope
 
 if TYPE_CHECKING:
     from nemogym_sdk.serve.backend import CausalLMBackend
@@ -74,6 +76,7 @@ class ServeEngine:
         seed: int = 0,
         logprobs_mode: LogprobsMode = "raw_logprobs",
         recorder: SamplingRecorder | None = None,
+        versions: ServedVersions | None = None,
     ) -> None:
         """Configure the engine; ``seed`` seeds the draws for requests that send no ``seed``.
 
@@ -81,6 +84,9 @@ class ServeEngine:
         chooses it by what the conversation says (see `nemogym_sdk.serve.script`).
 
         ``recorder`` writes one JSON line per generation: the sampling parameters it used.
+
+        ``versions`` holds the adapters' versions and says which answers a request
+        (`nemogym_sdk.serve.versions`; default: one version per name, reloaded in place).
         """
         if mode not in ("scripted", "sample"):
             raise ConfigError(f"mode must be 'scripted' or 'sample', got {mode!r}")
@@ -110,6 +116,7 @@ class ServeEngine:
             else Script(default=scripted_answer)
         )
         self._rng = random.Random(seed)
+        self.versions = versions or ServedVersions()
 
     # ----------------------------------------------------------------- models
 
@@ -120,6 +127,10 @@ class ServeEngine:
         if model in self.local.adapters:
             return model
         raise NotFoundError(f"The model `{model}` does not exist.", param="model")
+
+    def resolve_version(self, request: ChatRequest) -> ServedVersion | None:
+        """The adapter version that answers ``request`` (None: the name is not versioned)."""
+        return self.versions.resolve(request.model, request.messages)
 
     def list_models(self) -> dict[str, Any]:
         """Return the ``GET /v1/models`` body: the base model, then each adapter."""
@@ -135,7 +146,11 @@ class ServeEngine:
             cards.append(
                 model_card(name, root=path, parent=self.served_model_name, max_model_len=None)
             )
-        return {"object": "list", "data": cards}
+        return {"object": "list", "data": version_cards(cards, self.versions, self.adapter_card)}
+
+    def adapter_card(self, name: str, root: str) -> dict[str, Any]:
+        """A ``/v1/models`` card for adapter ``name`` loaded from ``root``."""
+        return model_card(name, root=root, parent=self.served_model_name, max_model_len=None)
 
     # ----------------------------------------------------------------- chat
 
@@ -162,7 +177,8 @@ class ServeEngine:
     def chat(self, body: Any) -> dict[str, Any]:
         """Answer a ``POST /v1/chat/completions`` body (transformers backend)."""
         request = ChatRequest.from_json(body)
-        adapter = self.resolve_model(request.model)
+        served = self.resolve_version(request)
+        adapter = served.slot if served is not None else self.resolve_model(request.model)
         prompt_ids = self._prompt(request)
         seed: int | None = None
         if self.mode == "sample":
@@ -178,7 +194,7 @@ class ServeEngine:
         else:
             generation = self._scripted(request, prompt_ids, adapter)
         return self._answer(
-            request, prompt_ids, generation, seed, adapter or self.served_model_name
+            request, prompt_ids, generation, seed, adapter or self.served_model_name, served
         )
 
     async def chat_async(self, body: Any) -> dict[str, Any]:
@@ -191,7 +207,8 @@ class ServeEngine:
         if proxy is None:
             raise _NotLocalError("chat_async needs the vLLM backend; call chat().")
         request = ChatRequest.from_json(body)
-        model = proxy.vllm_model(request.model, self.served_model_name)
+        served = self.resolve_version(request)
+        model = served.slot if served else proxy.vllm_model(request.model, self.served_model_name)
         prompt_ids = self._prompt(request)
         # Only a seed the request sent: a per-request seed makes vLLM 0.32 on CPU crash
         # ("CPU Generator does not use offset") when chunked prefill splits a prompt across
@@ -201,7 +218,7 @@ class ServeEngine:
         generation = await proxy.generate(
             prompt_ids, request.sampling, model=model, seed=seed, top_logprobs=request.top_logprobs
         )
-        return self._answer(request, prompt_ids, generation, seed, model)
+        return self._answer(request, prompt_ids, generation, seed, model, served)
 
     def _answer(
         self,
@@ -210,6 +227,7 @@ class ServeEngine:
         generation: Generation,
         seed: int | None,
         sampled_model: str,
+        served: ServedVersion | None = None,
     ) -> dict[str, Any]:
         text = self.backend.decode(generation.token_ids)
         if generation.text_end is not None:
@@ -231,6 +249,10 @@ class ServeEngine:
             return_token_ids=request.return_token_ids,
             return_tokens_as_token_ids=request.return_tokens_as_token_ids,
         )
+        if served is not None:  # the version that really answered, for the rollout to keep
+            answer["choices"][0]["message"][ROUTED_EXPERTS] = policy_version_envelope(
+                served.version
+            )
         if self.recorder is not None:
             self.recorder.record(
                 completion_id=answer["id"],
@@ -244,6 +266,7 @@ class ServeEngine:
                 prompt_ids=prompt_ids,
                 generation_ids=generation.token_ids,
                 finish_reason=finish,
+                version=None if served is None else served.version,
             )
         return answer
 
@@ -335,8 +358,24 @@ class ServeEngine:
                 param="lora_name",
                 err_type="InvalidUserInput",
             )
-        inplace = body.get("load_inplace", False)
-        self.local.load_adapter(name, path, replace=bool(inplace))
+        inplace = bool(body.get("load_inplace", False))
+        version = load_version(body)
+        if version is None:
+            for slot in self.versions.forget(name):  # a plain load ends the versioned name
+                if slot != name:
+                    self.local.unload_adapter(slot)
+            self.local.load_adapter(name, path, replace=inplace)
+        else:
+            loading = self.versions.plan(name, version)
+            replace = loading.replace or (inplace and loading.slot in self.local.adapters)
+            try:
+                self.local.load_adapter(loading.slot, path, replace=replace)
+            except ServeError:
+                self.versions.retain(set(self.local.adapters))  # an in-place load may lose it
+                raise
+            for slot in loading.evict:
+                self.local.unload_adapter(slot)
+            self.versions.commit(name, version, path, loading)
         return f"Success: LoRA adapter '{name}' added successfully."
 
     def unload_lora(self, body: Any) -> str:
@@ -347,7 +386,9 @@ class ServeEngine:
                 "'lora_name' needs to be provided to unload a LoRA adapter.",
                 err_type="InvalidUserInput",
             )
-        self.local.unload_adapter(name)
+        slots = self.versions.forget(name)
+        for slot in slots or (name,):
+            self.local.unload_adapter(slot)
         return f"Success: LoRA adapter '{name}' removed successfully."
 
 
@@ -358,3 +399,17 @@ class _NotLocalError(ServeError, NotImplementedError):
 
 def _finish(reason: str) -> FinishReason:
     return "length" if reason == "length" else "stop"
+
+
+def load_version(body: Mapping[str, Any]) -> int | None:
+    """The policy version a load request names (``LoraSync`` sends it), or None."""
+    version = body.get(LOAD_VERSION_FIELD)
+    if version is None:
+        return None
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise BadRequestError(
+            f"'{LOAD_VERSION_FIELD}' must be an integer >= 0, got {version!r}.",
+            param=LOAD_VERSION_FIELD,
+            err_type="InvalidUserInput",
+        )
+    return version

@@ -8,6 +8,10 @@
   `nemogym_sdk.lora.LoraSync` and ``check_served_name`` work through the proxy unchanged.
   When the proxy serves the base model under another name than vLLM does, ``/v1/models``
   shows the proxy's name.
+* Versioned adapters (a load that names its ``policy_version``, as ``LoraSync`` sends): each
+  version goes into its own vLLM adapter slot (``<name>@v<version>``, see
+  `nemogym_sdk.serve.versions`), the oldest beyond ``--adapter-versions`` are unloaded, and
+  ``/v1/models`` shows the public name with the newest version's path.
 """
 
 from __future__ import annotations
@@ -19,8 +23,12 @@ import orjson
 from aiohttp import web
 
 from nemogym_sdk.serve.engine import ServeEngine
-from nemogym_sdk.serve.errors import BadRequestError, ServeError
+from nemogym_sdk.serve.engine import load_version as load_version_of
+from nemogym_sdk.serve.errors import BadRequestError, ServeError, UpstreamError
+from nemogym_sdk.serve.protocol import model_card
+from nemogym_sdk.serve.versions import version_cards
 from nemogym_sdk.serve.vllm_backend import VllmBackend
+from nemogym_sdk.serve.vllm_backend import error_message as vllm_error
 
 __all__ = ["LogprobsModeMismatchError", "add_proxy_routes"]
 
@@ -58,7 +66,7 @@ def add_proxy_routes(app: web.Application, engine: ServeEngine, proxy: VllmBacke
     async def models(request: web.Request) -> web.StreamResponse:
         status, raw, content_type = await proxy.forward("GET", "/v1/models")
         ours, theirs = engine.served_model_name, proxy.vllm_model_name
-        if status != 200 or ours == theirs:
+        if status != 200:
             return _passthrough(status, raw, content_type)
         listing = orjson.loads(raw)
         for card in listing.get("data") or []:
@@ -66,7 +74,27 @@ def add_proxy_routes(app: web.Application, engine: ServeEngine, proxy: VllmBacke
                 card["id"] = ours
             if card.get("parent") == theirs:
                 card["parent"] = ours
+        listing["data"] = version_cards(listing.get("data") or [], engine.versions, card_for)
         return _json(listing)
+
+    def card_for(name: str, root: str) -> dict[str, Any]:
+        return model_card(name, root=root, parent=engine.served_model_name, max_model_len=None)
+
+    async def vllm_lora(route: str, body: dict[str, Any]) -> None:
+        status, raw, _ = await proxy.forward("POST", route, orjson.dumps(body))
+        if status >= 400:
+            message, err_type, param = vllm_error(status, raw)
+            raise UpstreamError(message, status=status, err_type=err_type, param=param)
+
+    async def load_version(name: str, path: str, version: int) -> web.StreamResponse:
+        """Load one version into its own vLLM adapter slot, then unload what it evicts."""
+        loading = engine.versions.plan(name, version)
+        body = {"lora_name": loading.slot, "lora_path": path, "load_inplace": loading.replace}
+        await vllm_lora("/v1/load_lora_adapter", body)
+        for slot in loading.evict:
+            await vllm_lora("/v1/unload_lora_adapter", {"lora_name": slot})
+        engine.versions.commit(name, version, path, loading)
+        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
 
     def get_route(path: str) -> Any:
         async def handler(request: web.Request) -> web.StreamResponse:
@@ -77,15 +105,25 @@ def add_proxy_routes(app: web.Application, engine: ServeEngine, proxy: VllmBacke
     def lora_route(path: str) -> Any:
         async def handler(request: web.Request) -> web.StreamResponse:
             raw = await request.read()
-            if path.endswith("/load_lora_adapter"):
-                body = orjson.loads(raw) if raw else None
-                name = body.get("lora_name") if isinstance(body, dict) else None
+            body = orjson.loads(raw) if raw else None
+            name = body.get("lora_name") if isinstance(body, dict) else None
+            if path.endswith("/load_lora_adapter") and isinstance(body, dict):
                 if name is not None and name == engine.served_model_name:
                     raise BadRequestError(
                         f"The lora adapter name '{name}' conflicts with a served base model.",
                         param="lora_name",
                         err_type="InvalidUserInput",
                     )
+                version = load_version_of(body)
+                if version is not None and isinstance(name, str):
+                    return await load_version(name, str(body.get("lora_path")), version)
+            if isinstance(name, str):  # a plain load or an unload ends the versioned name
+                slots = [s for s in engine.versions.forget(name) if s != name]
+                for slot in slots:
+                    await vllm_lora("/v1/unload_lora_adapter", {"lora_name": slot})
+                if slots and path.endswith("/unload_lora_adapter"):
+                    removed = f"Success: LoRA adapter '{name}' removed successfully."
+                    return web.Response(text=removed)
             return _passthrough(*await proxy.forward("POST", path, raw))
 
         return handler

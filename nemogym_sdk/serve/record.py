@@ -9,7 +9,7 @@ Gym output item's ``prompt_token_ids`` and ``generation_token_ids`` to join a ro
 its record::
 
     {"time": 1796219312.4, "id": "chatcmpl-…", "key": "9f2c…", "model": "policy",
-     "sampled_model": "policy", "backend": "vllm", "mode": "sample",
+     "sampled_model": "policy@v3", "version": 3, "backend": "vllm", "mode": "sample",
      "logprobs_mode": "processed_logprobs", "prompt_tokens": 41, "completion_tokens": 12,
      "finish_reason": "length", "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": 0,
      "max_tokens": 12, "seed": 6311, "stop": [], "stop_token_ids": [], "ignore_eos": false}}
@@ -65,8 +65,10 @@ class SamplingRecorder:
         prompt_ids: Sequence[int],
         generation_ids: Sequence[int],
         finish_reason: str,
+        version: int | None = None,
     ) -> None:
-        """Write one line (``seed`` is the one used, which may differ from ``params.seed``)."""
+        """Write one line (``seed`` is the one used, which may differ from ``params.seed``;
+        ``version`` the adapter version that generated, when the name is versioned)."""
         sampling = attrs.asdict(params)
         sampling["seed"] = seed
         line = {
@@ -75,6 +77,7 @@ class SamplingRecorder:
             "key": turn_key(prompt_ids, generation_ids),
             "model": model,
             "sampled_model": sampled_model,
+            "version": version,
             "backend": backend,
             "mode": mode,
             "logprobs_mode": logprobs_mode,

@@ -171,7 +171,7 @@ def parse_completion(
     )
 
 
-def _error_message(status: int, raw: bytes) -> tuple[str, str | None, str | None]:
+def error_message(status: int, raw: bytes) -> tuple[str, str | None, str | None]:
     """vLLM's error message, type and param (``{"error": {...}}`` or the older flat shape)."""
     try:
         data = orjson.loads(raw)
@@ -284,7 +284,7 @@ class VllmBackend:
         await asyncio.to_thread(self._wait_answering)
         status, raw, _ = await self.forward("GET", "/v1/models")
         if status != 200:
-            message, err_type, param = _error_message(status, raw)
+            message, err_type, param = error_message(status, raw)
             raise UpstreamError(message, status=status, err_type=err_type, param=param)
         cards = orjson.loads(raw).get("data") or []
         base = [c for c in cards if isinstance(c, dict) and not c.get("parent")]
@@ -356,7 +356,7 @@ class VllmBackend:
         """POST JSON to vLLM and decode the answer; vLLM's HTTP errors become `UpstreamError`."""
         status, raw, _ = await self.forward("POST", path, orjson.dumps(body))
         if status >= 400:
-            message, err_type, param = _error_message(status, raw)
+            message, err_type, param = error_message(status, raw)
             raise UpstreamError(message, status=status, err_type=err_type, param=param)
         try:
             return orjson.loads(raw)

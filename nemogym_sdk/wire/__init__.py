@@ -14,7 +14,9 @@ here. What lives where:
 - ``responses``: the Responses-API ``response`` built from a completion for ``/verify``,
   its request body, and ``/verify`` answers (``decode_verify_result``, with the same
   reward and ``reward_components`` rules as ``/run`` results);
-- ``head``: the head server's ``/server_instances`` entries.
+- ``head``: the head server's ``/server_instances`` entries;
+- ``versions``: the policy version of a model turn, in the ``routed_experts`` envelope
+  the SDK's sampler writes and its parser reads.
 
 Decoding never raises on malformed input: problems are reported in the returned record.
 """
@@ -54,6 +56,7 @@ from nemogym_sdk.wire.names import (
     REWARD,
     REWARD_COMPONENTS,
     ROLE,
+    ROUTED_EXPERTS,
     RUN_ROUTE,
     SEED_SESSION_ROUTE,
     SERVER_TYPE,
@@ -86,10 +89,20 @@ from nemogym_sdk.wire.run import (
     finite_components,
     finite_reward,
 )
+from nemogym_sdk.wire.versions import (
+    CARD_VERSIONS_FIELD,
+    CARD_VERSIONS_KEPT_FIELD,
+    LOAD_VERSION_FIELD,
+    POLICY_VERSION_PREFIX,
+    policy_version_envelope,
+    read_policy_version,
+)
 
 __all__ = [
     "AGENTS",
     "AGENT_REF",
+    "CARD_VERSIONS_FIELD",
+    "CARD_VERSIONS_KEPT_FIELD",
     "CONFIG_PATH",
     "CONTENT",
     "ENVIRONMENT_SERVERS",
@@ -100,6 +113,7 @@ __all__ = [
     "HOST",
     "INPUT",
     "ITEM_TYPE",
+    "LOAD_VERSION_FIELD",
     "MASK_SAMPLE",
     "MAX_OUTPUT_TOKENS",
     "MESSAGE",
@@ -108,6 +122,7 @@ __all__ = [
     "NAME",
     "OUTPUT",
     "OUTPUT_TEXT",
+    "POLICY_VERSION_PREFIX",
     "PORT",
     "PROCESS_NAME",
     "PROMPT_TOKEN_IDS",
@@ -119,6 +134,7 @@ __all__ = [
     "REWARD",
     "REWARD_COMPONENTS",
     "ROLE",
+    "ROUTED_EXPERTS",
     "RUN_ROUTE",
     "SEED_SESSION_ROUTE",
     "SERVER_TYPE",
@@ -144,6 +160,8 @@ __all__ = [
     "finite_components",
     "finite_reward",
     "input_messages",
+    "policy_version_envelope",
+    "read_policy_version",
     "resources_server_name",
     "row_tools",
     "sampling_overrides",

@@ -36,8 +36,10 @@ from nemogym_sdk.wire.names import (
     RESPONSE,
     REWARD,
     REWARD_COMPONENTS,
+    ROUTED_EXPERTS,
     TEXT,
 )
+from nemogym_sdk.wire.versions import read_policy_version
 
 __all__ = [
     "ModelTurn",
@@ -67,6 +69,9 @@ class ModelTurn(NamedTuple):
     """``generation_token_ids`` as an int64 buffer (non-empty)."""
     logprobs: bytes | memoryview | None
     """``generation_log_probs`` as a float64 buffer; None when missing or malformed."""
+    version: int | None = None
+    """The policy version that generated the turn, from the SDK sampler's
+    ``routed_experts`` envelope (``nemogym_sdk.wire.versions``); None when it has none."""
 
     @property
     def prompt_ids(self) -> npt.NDArray[np.int64] | None:
@@ -344,7 +349,8 @@ def _model_turn(
         logprobs = _py_floats(raw_logprobs)
     if generation is None:
         return None
-    return ModelTurn(index, prompt, generation, logprobs)
+    version = read_policy_version(item[ROUTED_EXPERTS]) if ROUTED_EXPERTS in keys else None
+    return ModelTurn(index, prompt, generation, logprobs, version)
 
 
 def _stitchable(turn: ModelTurn, *, first: bool) -> bool:

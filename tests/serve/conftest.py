@@ -42,8 +42,9 @@ TIME_TOOL: dict[str, Any] = {
 }
 
 
-def make_server(mode: Mode, *, tool_turns: int = 2, seed: int = 0) -> Any:
-    """Start a ServerThread over a fresh tiny backend (caller stops it)."""
+def make_server(mode: Mode, *, tool_turns: int = 2, seed: int = 0, versions: Any = None) -> Any:
+    """Start a ServerThread over a fresh tiny backend (caller stops it); ``versions`` is a
+    ``ServedVersions`` (default: one version per adapter name)."""
     from nemogym_sdk.serve import CausalLMBackend, ServeEngine, ServerThread
 
     engine = ServeEngine(
@@ -52,6 +53,7 @@ def make_server(mode: Mode, *, tool_turns: int = 2, seed: int = 0) -> Any:
         mode=mode,
         scripted_tool_turns=tool_turns,
         seed=seed,
+        versions=versions,
     )
     return ServerThread(engine).start()
 
