@@ -59,6 +59,7 @@ if TYPE_CHECKING:
         install_lora_sync,
         probe_lora_support,
     )
+    from nemogym_sdk.rollout_engine import EngineStalledError, EngineStep, RolloutEngine
     from nemogym_sdk.verify import (
         Verifier,
         VerifyItem,
@@ -74,6 +75,9 @@ _LAZY = {
     "AgentClient": "nemogym_sdk.client",
     "RawRun": "nemogym_sdk.client",
     "ServerDirectory": "nemogym_sdk.directory",
+    "EngineStalledError": "nemogym_sdk.rollout_engine",
+    "EngineStep": "nemogym_sdk.rollout_engine",
+    "RolloutEngine": "nemogym_sdk.rollout_engine",
     "LoraSync": "nemogym_sdk.lora",
     "SyncRecord": "nemogym_sdk.lora",
     "check_served_name": "nemogym_sdk.lora",
@@ -111,6 +115,8 @@ __all__ = [
     "DiscoveryError",
     "DriftError",
     "DriftPolicy",
+    "EngineStalledError",
+    "EngineStep",
     "LoraSync",
     "LoraSyncError",
     "NemoGymError",
@@ -119,6 +125,7 @@ __all__ = [
     "RawRun",
     "RetryPolicy",
     "Rollout",
+    "RolloutEngine",
     "RolloutRequest",
     "RolloutStats",
     "RolloutStatus",

@@ -149,15 +149,24 @@ class SessionOwner:
     # --- sync facade ------------------------------------------------------------------------
 
     def _run_sync(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        try:
+            background = self._background_loop()
+        except ConfigError:
+            coroutine.close()
+            raise
+        return background.run(coroutine)
+
+    def _background_loop(self) -> BackgroundLoop:
+        """The loop thread the synchronous facade (and ``RolloutEngine``) plays on, started
+        on first use; closed with the client."""
         if self._background is None:
             if self._loop is not None:
-                coroutine.close()
                 raise ConfigError(
                     f"this {type(self).__name__} is already used from an async loop; "
                     "use its async methods there"
                 )
             self._background = BackgroundLoop(self._thread_name)
-        return self._background.run(coroutine)
+        return self._background
 
     # --- lifecycle --------------------------------------------------------------------------
 

@@ -244,6 +244,30 @@ class AgentClient(SessionOwner):
 
     # --- playing ----------------------------------------------------------------------------
 
+    async def play(
+        self,
+        request: RolloutRequest,
+        *,
+        eos_token_id: int,
+        parse: ParseOptions = _DEFAULT_PARSE,
+        timeout: float | None = None,
+    ) -> Rollout:
+        """Play one rollout and parse it, under a deadline of its own: ``timeout`` seconds
+        from now (``Timeouts.total``, when set, also counts from now; the earlier wins). A
+        rollout still playing at its deadline comes back as a ``TIMEOUT`` failure.
+
+        What ``RolloutEngine`` plays each episode with; ``run`` and ``stream`` share one
+        deadline among a whole batch instead.
+        """
+        if timeout is not None and not timeout > 0:
+            raise ConfigError(f"timeout must be > 0 seconds, got {timeout}")
+        (job,) = self._jobs([request], 1)
+        deadline = self._start_batch()
+        if timeout is not None:
+            own = time.monotonic() + timeout
+            deadline = own if deadline is None else min(deadline, own)
+        return await self._play_parsed(job, deadline, eos_token_id, parse)
+
     async def run(
         self,
         rows: Iterable[RowInput],

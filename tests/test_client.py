@@ -224,11 +224,21 @@ def test_parse_options_travel_as_one_record() -> None:
 
 
 def test_agent_client_public_methods() -> None:
-    """Play and parse is one method per calling style; the raw exchanges stay available
-    for users who parse ``/run`` bodies themselves; nothing else is public."""
+    """Play and parse is one method per calling style (``play``: one episode under its own
+    deadline, what ``RolloutEngine`` plays with); the raw exchanges stay available for users
+    who parse ``/run`` bodies themselves; nothing else is public."""
     public = {
         name
         for name in dir(AgentClient)
         if not name.startswith("_") and callable(getattr(AgentClient, name))
     }
-    assert public == {"aclose", "close", "run", "run_raw", "run_raw_sync", "run_sync", "stream"}
+    assert public == {
+        "aclose",
+        "close",
+        "play",
+        "run",
+        "run_raw",
+        "run_raw_sync",
+        "run_sync",
+        "stream",
+    }

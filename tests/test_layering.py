@@ -9,7 +9,7 @@ its imports is checked against the layers below. They are the design's (DESIGN.m
   axolotl, transformers or peft, at module level or in a function, except the two torch
   bridges the design names: ``Batch.to_torch`` (records) and ``devices.torch_device``.
 - **io** (the network: ``_aio``, ``_http``, ``_ready``, ``_session``, directory, client,
-  verify) imports core and io, and never a heavy framework.
+  rollout_engine, verify) imports core and io, and never a heavy framework.
 - **lora** (LoRA sync) imports core, io and itself.
 - **logits** (the logit processing the sampler and the learner share; torch) imports core.
 - **serve** (the model server) imports core, io, logits and itself.
@@ -60,7 +60,16 @@ CORE_MODULES = (
 CORE_PACKAGES = ("grpo", "wire")
 IO = frozenset(
     f"{ROOT}.{name}"
-    for name in ("_aio", "_http", "_ready", "_session", "client", "directory", "verify")
+    for name in (
+        "_aio",
+        "_http",
+        "_ready",
+        "_session",
+        "client",
+        "directory",
+        "rollout_engine",
+        "verify",
+    )
 )
 PACKAGE_LAYERS = ("lora", "serve", "gym", "testing")
 ADAPTERS = ("axolotl", "torch", "trl")
