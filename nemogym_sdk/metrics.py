@@ -63,11 +63,26 @@ class RolloutStats:
     """Groups with fewer than two ``OK`` episodes: no baseline, advantages 0."""
     zero_spread_groups: int
     """Groups whose ``OK`` rewards are all equal: advantages 0."""
+    staleness: Mapping[str, int] = attrs.field(factory=dict, converter=_counts)
+    """Policy tokens of ``OK`` samples per staleness (``str(versions behind)``: how many
+    adapter versions the learner had moved on from the one that generated the token);
+    counted when ``of`` is given the learner's version and the tokens report theirs."""
+    unversioned_tokens: int = 0
+    """Policy tokens of ``OK`` samples whose sampler reported no version (counted with a
+    learner version only)."""
 
     @classmethod
-    def of(cls, batch: Batch, advantages: Advantages | None = None) -> RolloutStats:
+    def of(
+        cls,
+        batch: Batch,
+        advantages: Advantages | None = None,
+        *,
+        learner_version: int | None = None,
+    ) -> RolloutStats:
         """The stats of one batch; ``advantages`` (``compute_advantages(batch)``) says
-        which groups teach nothing, and is computed with the defaults when not given."""
+        which groups teach nothing, and is computed with the defaults when not given;
+        ``learner_version`` (the version of the weights the step starts from) adds the
+        staleness histogram (``Batch.staleness``)."""
         if advantages is None:
             advantages = compute_advantages(batch)
         _, first_E = np.unique(batch.episode_index, return_index=True)
@@ -78,6 +93,13 @@ class RolloutStats:
         policy_BT = completion_BT * np.asarray(batch.env_mask, dtype=np.int64)
         statuses = Counter(str(s) for s in np.asarray(batch.statuses)[first_E].tolist())
         group_stats = advantages.stats
+        staleness: Counter[str] = Counter()
+        unversioned = 0
+        if learner_version is not None:
+            behind_BT = batch.staleness(learner_version)
+            values, counts = np.unique(behind_BT[behind_BT >= 0], return_counts=True)
+            staleness.update({str(int(v)): int(c) for v, c in zip(values, counts, strict=True)})
+            unversioned = int(policy_BT.sum()) - int(counts.sum())
         return cls(
             episodes=int(first_E.shape[0]),
             samples=len(batch),
@@ -92,6 +114,8 @@ class RolloutStats:
             groups=int(group_stats.num_groups),
             degenerate_groups=int(group_stats.degenerate_groups),
             zero_spread_groups=int(group_stats.zero_spread_groups),
+            staleness=staleness,
+            unversioned_tokens=unversioned,
         )
 
     @classmethod
@@ -103,7 +127,7 @@ class RolloutStats:
         sums: dict[str, Any] = {}
         for field in attrs.fields(cls):
             values = [getattr(part, field.name) for part in parts]
-            if field.name == "statuses":
+            if field.name in ("statuses", "staleness"):
                 sums[field.name] = sum((Counter(v) for v in values), Counter())
             else:
                 sums[field.name] = sum(values)
@@ -133,8 +157,12 @@ class RolloutStats:
         ``rollouts``, ``ok``, ``ok_fraction``, ``failures`` (episodes per failed status, a
         dict), ``reward_mean``, ``reward_std``, ``turns_mean``, ``samples``,
         ``policy_tokens``, ``env_tokens``, ``truncated``, ``groups``,
-        ``degenerate_groups``, ``zero_spread_groups``.
+        ``degenerate_groups``, ``zero_spread_groups``, ``staleness`` (policy tokens per
+        versions behind, a dict), ``staleness_mean``, ``staleness_max`` (0 without versioned
+        tokens), ``unversioned_tokens``.
         """
+        behind = {int(k): v for k, v in self.staleness.items()}
+        versioned = sum(behind.values())
         return {
             "rollouts": self.episodes,
             "ok": self.ok,
@@ -154,4 +182,10 @@ class RolloutStats:
             "groups": self.groups,
             "degenerate_groups": self.degenerate_groups,
             "zero_spread_groups": self.zero_spread_groups,
+            "staleness": dict(sorted(self.staleness.items(), key=lambda kv: int(kv[0]))),
+            "staleness_mean": (
+                sum(k * v for k, v in behind.items()) / versioned if versioned else 0.0
+            ),
+            "staleness_max": max(behind, default=0),
+            "unversioned_tokens": self.unversioned_tokens,
         }

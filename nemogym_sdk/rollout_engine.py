@@ -283,6 +283,14 @@ class RolloutEngine:
             self._steps += 1
         return step
 
+    def pending(self) -> tuple[tuple[int, ...], int]:
+        """(the groups started but not handed out yet, the next new group's number): what a
+        checkpoint records so that a resumed run plays them again (``requeue=``,
+        ``next_index=``)."""
+        with self._cond:
+            untrained = sorted({*self._finished, *self._playing, *self._requeue})
+            return tuple(untrained), self._next_index
+
     def close(self, *, drain: bool = False) -> Leftover:
         """Stop starting groups; let the playing ones finish (``drain``) or cancel them.
 

@@ -2,6 +2,7 @@
 
     python -m nemogym_sdk.train --config run.yaml --steps 40      # flags override the file
     torchrun --nproc_per_node=2 -m nemogym_sdk.train --steps 10    # rollouts sharded by group
+    python -m nemogym_sdk.train --mode async --max-staleness 1     # rollouts never stop
 
 A LoRA adapter on a model (the built-in tiny Llama, or a local Hugging Face directory) is
 trained on rollouts that NeMo Gym's agents play; the sampler (``nemogym_sdk.serve``, or real
@@ -13,8 +14,11 @@ Top to bottom:
     2. model         the base model + a LoRA adapter (peft), tokenizer, on ``device``
     3. sampler       start the backend (transformers or vLLM), or attach to one
     4. environments  start NeMo Gym (GymStack), or attach through a head server
-    5. checks        served name = adapter name, prompt + completion fit max_model_len
-    6. loop          rollouts -> collate -> advantages -> train_step -> LoRA sync
+    5. checks        served name = adapter name, prompt + completion fit max_model_len,
+                     (async) the sampler keeps max_staleness + 2 adapter versions
+    6. loop          rollouts -> collate -> advantages -> train_step -> LoRA sync; the
+                     rollouts come synchronously or from the RolloutEngine
+                     (nemogym_sdk.train_play)
     7. outputs       metrics.jsonl, checkpoints (and --resume), summary.json, reward_curve.png
                      (nemogym_sdk.train_outputs)
 
@@ -26,13 +30,12 @@ plus seconds per phase), ``checkpoints/step_NNNNNN/``, ``summary.json``,
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import os
 import sys
 import time
 import warnings
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +44,6 @@ import requests
 
 from nemogym_sdk import (
     AgentClient,
-    ParseOptions,
     Rollout,
     SamplingParams,
     ServerDirectory,
@@ -59,7 +61,14 @@ from nemogym_sdk.hosts import openai_url
 from nemogym_sdk.lora import LoraSync
 from nemogym_sdk.metrics import RolloutStats
 from nemogym_sdk.train_config import TrainConfig, parse_config, resolve_device
-from nemogym_sdk.train_outputs import finish, load_checkpoint, outputs, save_checkpoint
+from nemogym_sdk.train_outputs import (
+    finish,
+    load_checkpoint,
+    load_state,
+    outputs,
+    save_checkpoint,
+)
+from nemogym_sdk.train_play import play
 from nemogym_sdk.wire import RESPONSES_CREATE_PARAMS, input_messages
 
 __all__ = ["main", "run"]
@@ -136,7 +145,11 @@ class Setup:
             device=device,
             sampling=SamplingParams(temperature=config.temperature),
             loss=PolicyLoss(
-                loss_type=config.loss, max_completion_length=config.max_completion_length
+                loss_type=config.loss,
+                max_completion_length=config.max_completion_length,
+                importance_sampling=config.importance_sampling,
+                is_cap=config.is_cap,
+                is_floor=config.is_floor,
             ),
             pad=int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos),
         )
@@ -178,7 +191,7 @@ def sampler(config: TrainConfig, out: Path, device: str = "cpu") -> Iterator[str
             logprobs_mode="processed_logprobs",  # the distribution sampled from: what GRPO needs
             model=model,
             seed=config.seed,
-            extra_args=["--device", device],
+            extra_args=["--device", device, *_version_args(config)],
             log_path=logs / "serve.log",
         ) as served:
             yield served.base_url
@@ -198,6 +211,7 @@ def _vllm_sampler(config: TrainConfig, out: Path, model: str | None, device: str
             model_dir,
             max_model_len=config.max_model_len,
             max_lora_rank=next(r for r in (8, 16, 32, 64, 128, 256, 512) if r >= config.lora_rank),
+            max_loras=max(2, config.adapter_versions),  # every version kept, in one batch
             seed=config.seed,
             extra_args=[
                 *("--logprobs-mode", "processed_logprobs"),
@@ -210,11 +224,19 @@ def _vllm_sampler(config: TrainConfig, out: Path, model: str | None, device: str
             mode="sample",
             logprobs_mode="processed_logprobs",
             model=str(model_dir),
-            extra_args=["--backend", "vllm", "--vllm-url", vllm.base_url],
+            extra_args=["--backend", "vllm", "--vllm-url", vllm.base_url, *_version_args(config)],
             log_path=logs / "serve.log",
         ) as proxy,
     ):
         yield proxy.base_url
+
+
+def _version_args(config: TrainConfig) -> list[str]:
+    """The sampler keeps the adapter versions the staleness bound needs side by side."""
+    return [
+        *("--adapter-versions", str(config.adapter_versions)),
+        *("--version-policy", config.version_policy),
+    ]
 
 
 # --- 4. environments ----------------------------------------------------------------------
@@ -254,8 +276,16 @@ def servers(
         def start() -> tuple[ServerDirectory, str]:
             base_url = started.enter_context(sampler(config, out, device))
             found = started.enter_context(environments(config, base_url, out))
-            sync = started.enter_context(LoraSync(base_url, config.adapter_name, out / "adapters"))
+            sync = started.enter_context(
+                LoraSync(
+                    base_url,
+                    config.adapter_name,
+                    out / "adapters",
+                    keep=max(2, config.adapter_versions),  # a kept version's files stay too
+                )
+            )
             sync.initialize(model, require_zero=not config.resume)  # before the first rollout
+            check_versions_kept(sync, config, base_url)
             syncs.append(sync)
             return found
 
@@ -264,6 +294,27 @@ def servers(
 
 
 # --- 5. checks ----------------------------------------------------------------------------
+
+
+def check_versions_kept(sync: LoraSync, config: TrainConfig, base_url: str) -> None:
+    """Async mode: the sampler must keep ``max_staleness + 2`` adapter versions loaded and
+    report the version of every turn (``nemogym_sdk.serve``, alone or in front of vLLM)."""
+    if config.mode != "async":
+        return
+    kept = sync.versions_kept()
+    if kept is None:
+        raise ConfigError(
+            f"--mode async needs a sampler that reports the adapter version of every turn and "
+            f"keeps versions side by side; {base_url} does not (vLLM alone does not): attach "
+            "to nemogym_sdk.serve (in front of vLLM with --backend vllm), or drop backend_url"
+        )
+    if kept < config.adapter_versions:
+        raise ConfigError(
+            f"the sampler at {base_url} keeps {kept} version(s) of adapter "
+            f"{config.adapter_name!r}; --max-staleness {config.max_staleness} needs "
+            f"{config.adapter_versions}: start it with --adapter-versions "
+            f"{config.adapter_versions}"
+        )
 
 
 def check_lengths(rows: Sequence[TaskRow], tokenizer: Any, config: TrainConfig) -> None:
@@ -286,38 +337,6 @@ def check_lengths(rows: Sequence[TaskRow], tokenizer: Any, config: TrainConfig) 
 # --- 6. the loop --------------------------------------------------------------------------
 
 
-def rows_for_step(rows: Sequence[TaskRow], step: int, config: TrainConfig) -> list[TaskRow]:
-    """The step's rows (``rows_per_step`` groups, cycling through the file)."""
-    start = (step * config.rows_per_step) % len(rows)
-    return [rows[(start + i) % len(rows)] for i in range(config.rows_per_step)]
-
-
-def rollouts(
-    client: AgentClient, rows: Sequence[TaskRow], config: TrainConfig, start: int, eos: int
-) -> Generator[tuple[list[Rollout], float], None, None]:
-    """Each step's rollouts, this rank's whole groups, and the seconds waited for them; with
-    ``prefetch`` step k+1's are played while step k trains (one adapter version stale)."""
-    rank, world = ranks.rank(), ranks.world_size()
-    parse = ParseOptions(max_completion_length=config.max_completion_length)
-
-    def play(step: int) -> list[Rollout]:
-        mine = rows_for_step(rows, step, config)[rank::world]
-        return client.run_sync(
-            mine, eos_token_id=eos, num_generations=config.num_generations, parse=parse
-        )
-
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(play, start) if config.prefetch else None
-        for step in range(start, config.steps):
-            began = time.perf_counter()
-            if pending is not None:
-                played = pending.result()
-                pending = pool.submit(play, step + 1) if step + 1 < config.steps else None
-            else:
-                played = play(step)
-            yield played, time.perf_counter() - began
-
-
 def learn(
     played: list[Rollout], model: Any, optimizer: Any, sync: LoraSync | None, setup: Setup
 ) -> dict[str, Any]:
@@ -328,6 +347,8 @@ def learn(
     began = time.perf_counter()
     batch = collate(played, pad_token_id=setup.pad)
     advantages = compute_advantages(batch)
+    # the version of the weights this step starts from, against which tokens are stale
+    learner_version = ranks.on_main(lambda: None if sync is None else sync.version)
     collated = time.perf_counter()
     result = train_step(
         model,
@@ -343,7 +364,9 @@ def learn(
     # next rollouts
     version = ranks.on_main(lambda: None if sync is None else sync.sync(model).version)
     synced = time.perf_counter()
-    stats = RolloutStats.merge(ranks.gather(RolloutStats.of(batch, advantages)))
+    stats = RolloutStats.merge(
+        ranks.gather(RolloutStats.of(batch, advantages, learner_version=learner_version))
+    )
     return {
         **stats.as_metrics(),
         **result.as_dict(),
@@ -357,6 +380,11 @@ def learn(
 def run(config: TrainConfig) -> dict[str, Any]:
     """Train; returns the summary (also written to ``out/summary.json``)."""
     rank, world = setup_processes()
+    if config.mode == "async" and world > 1:
+        raise ConfigError(
+            "--mode async runs one learner process for now (the engine plays for rank 0); "
+            "use --mode sync under torchrun"
+        )
     if config.rows_per_step % world:
         raise ConfigError(f"rows_per_step={config.rows_per_step} must divide among {world} ranks")
     device = resolve_device(config, int(os.environ.get("LOCAL_RANK", "0")), world)
@@ -366,6 +394,8 @@ def run(config: TrainConfig) -> dict[str, Any]:
     setup = Setup.of(config, device, tokenizer)
     optimizer = adam(model, config)
     start, curve = load_checkpoint(model, optimizer, out) if config.resume else (0, [])
+    resumed = load_state(out).get("engine", {}) if config.resume else {}
+    leftover: dict[str, Any] = {}
     with (
         servers(config, out, setup.device, model) as (directory, train_file, sync),
         AgentClient(directory, sampling=setup.sampling, timeouts=Timeouts(request=600.0)) as client,
@@ -374,24 +404,28 @@ def run(config: TrainConfig) -> dict[str, Any]:
     ):
         rows = load_rows(train_file, seed=config.seed)
         check_lengths(rows, tokenizer, config)
-        played_steps = closing.enter_context(
-            contextlib.closing(rollouts(client, rows, config, start, int(tokenizer.eos_token_id)))
-        )
-        for step, (played, waited) in enumerate(played_steps, start=start):
-            line: dict[str, Any] = {"step": step, "device": setup.device, "rollout_s": waited}
-            line |= learn(played, model, optimizer, sync, setup)
-            line["step_s"] = waited + line["collate_s"] + line["learner_s"] + line["sync_s"]
+        eos = int(tokenizer.eos_token_id)
+        source = closing.enter_context(play(config, client, rows, start, eos, resumed, leftover))
+        for step, played in enumerate(source.steps(), start=start):
+            line: dict[str, Any] = {"step": step, "device": setup.device}
+            line |= {"rollout_s": played.waited_s, **played.metrics}
+            line |= learn(played.rollouts, model, optimizer, sync, setup)
+            source.published(line["adapter_version"])  # async: more groups may start
+            line["step_s"] = (
+                played.waited_s + line["collate_s"] + line["learner_s"] + line["sync_s"]
+            )
             curve.append(line["reward_mean"])
             log(line)
             if rank == 0 and (
                 (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps
             ):
-                save_checkpoint(model, optimizer, out, step + 1, curve)
+                state = {"engine": source.state()}
+                save_checkpoint(model, optimizer, out, step + 1, curve, state)
     if world > 1:
         import torch.distributed as dist
 
         dist.destroy_process_group()
-    return finish(config, out, curve, rank)
+    return finish(config, out, curve, rank, leftover)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

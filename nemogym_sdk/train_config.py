@@ -20,11 +20,14 @@ import yaml
 
 from nemogym_sdk.devices import parse_device, torch_device
 from nemogym_sdk.errors import ConfigError
-from nemogym_sdk.grpo import LossType
+from nemogym_sdk.grpo import ImportanceSampling, LossType, PolicyLoss
 
-__all__ = ["BACKENDS", "LOSSES", "TrainConfig", "parse_config", "resolve_device"]
+__all__ = ["BACKENDS", "LOSSES", "MODES", "TrainConfig", "parse_config", "resolve_device"]
 
 BACKENDS = ("transformers", "vllm")
+MODES = ("sync", "async")
+VERSION_POLICIES = ("pinned", "in_flight")
+IMPORTANCE_SAMPLING = tuple(str(mode) for mode in ImportanceSampling)
 LOSSES = tuple(str(loss) for loss in LossType)
 """The policy losses (``nemogym_sdk.grpo.LossType``)."""
 
@@ -70,7 +73,32 @@ class TrainConfig:
     """Cut every episode's completion to this many tokens (default: no cut)."""
     prefetch: bool = False
     """Play step k+1's rollouts while step k trains (one adapter version stale; the loss's
-    importance-sampling correction accounts for it)."""
+    importance-sampling correction accounts for it). ``sync`` mode only."""
+    mode: str = "sync"
+    """``sync``: play a step, wait for its slowest episode, learn, sync, repeat. ``async``:
+    episodes keep playing while the learner learns (``nemogym_sdk.RolloutEngine``), within
+    ``max_staleness`` adapter versions."""
+    max_staleness: int = 1
+    """``async``: adapter versions a group may be trained behind the one it started on (0 is
+    the synchronous schedule, run by the engine). The sampler keeps ``max_staleness + 2``
+    versions loaded."""
+    max_inflight: int | None = None
+    """``async``: episodes playing at once (default: all the pacing allows,
+    ``(max_staleness + 1) * rows_per_step * num_generations``)."""
+    episode_timeout: float | None = None
+    """Seconds an episode may play before it ends as a ``TIMEOUT`` failure (``async``; the
+    synchronous mode keeps the per-request timeout)."""
+    version_policy: str = "pinned"
+    """``async``: which adapter version answers a later turn of an episode that spans a sync:
+    ``pinned`` (the one it started on) or ``in_flight`` (the newest)."""
+    importance_sampling: str = "truncate"
+    """The correction of tokens sampled by another (stale) policy: ``truncate`` the weight
+    ``exp(old - sampler)`` into ``[is_floor, is_cap]``, ``mask`` tokens outside it, or
+    ``none``."""
+    is_cap: float = 3.0
+    """Largest importance weight kept."""
+    is_floor: float | None = None
+    """Smallest importance weight kept (None: no floor)."""
     checkpoint_every: int = 10
     """Save the adapter and optimizer every this many steps (and at the end)."""
     resume: bool = False
@@ -85,6 +113,7 @@ class TrainConfig:
         parse_device(self.device)
         if self.loss not in LOSSES:
             raise ConfigError(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
+        self._check_async()
         positive = ("steps", "rows_per_step", "num_generations", "lora_rank", "micro_batch_size")
         for name in (*positive, "max_model_len", "checkpoint_every"):
             if getattr(self, name) < 1:
@@ -102,6 +131,41 @@ class TrainConfig:
                 f"model {self.model!r} is neither 'tiny' nor a local Hugging Face model "
                 "directory (no config.json there); models are not downloaded"
             )
+
+    def _check_async(self) -> None:
+        choices = (
+            ("mode", MODES),
+            ("version_policy", VERSION_POLICIES),
+            ("importance_sampling", IMPORTANCE_SAMPLING),
+        )
+        for name, allowed in choices:
+            if getattr(self, name) not in allowed:
+                raise ConfigError(
+                    f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
+                )
+        if self.max_staleness < 0:
+            raise ConfigError(f"max_staleness must be >= 0, got {self.max_staleness}")
+        if self.mode == "async" and self.prefetch:
+            raise ConfigError(
+                "prefetch is the sync mode's one-step overlap; --mode async overlaps by "
+                "itself (drop --prefetch, or use --mode sync)"
+            )
+        if self.max_inflight is not None and self.max_inflight < self.num_generations:
+            raise ConfigError(
+                f"max_inflight={self.max_inflight} cannot hold one group of "
+                f"num_generations={self.num_generations} episodes"
+            )
+        if self.episode_timeout is not None and not self.episode_timeout > 0:
+            raise ConfigError(f"episode_timeout must be > 0 seconds, got {self.episode_timeout}")
+        PolicyLoss(  # the loss knobs, checked now rather than at the first step
+            importance_sampling=self.importance_sampling, is_cap=self.is_cap, is_floor=self.is_floor
+        )
+
+    @property
+    def adapter_versions(self) -> int:
+        """Adapter versions the sampler keeps side by side: ``max_staleness + 2`` in async
+        mode (those in-flight episodes started on, and the one being published), else 1."""
+        return self.max_staleness + 2 if self.mode == "async" else 1
 
 
 def _field_type(field: attrs.Attribute[Any]) -> Any:

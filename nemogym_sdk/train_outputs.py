@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,15 +68,32 @@ def open_metrics(path: Path, start: int) -> Any:
     return path.open("a")
 
 
-def save_checkpoint(model: Any, optimizer: Any, out: Path, step: int, curve: list[float]) -> Path:
-    """``out/checkpoints/step_NNNNNN``: the adapter, the optimizer state and the curve so far."""
+def save_checkpoint(
+    model: Any,
+    optimizer: Any,
+    out: Path,
+    step: int,
+    curve: list[float],
+    extra: Mapping[str, Any] | None = None,
+) -> Path:
+    """``out/checkpoints/step_NNNNNN``: the adapter, the optimizer state, the curve so far,
+    and ``extra`` in ``state.json`` (the async engine's untrained groups)."""
     import torch
 
     path = out / "checkpoints" / f"step_{step:06d}"
     model.save_pretrained(path)
     torch.save(optimizer.state_dict(), path / "optimizer.pt")
-    (path / "state.json").write_text(json.dumps({"step": step, "curve": curve}))
+    (path / "state.json").write_text(json.dumps({**(extra or {}), "step": step, "curve": curve}))
     return path
+
+
+def load_state(out: Path) -> dict[str, Any]:
+    """The newest checkpoint's ``state.json`` (``{}`` when there is none)."""
+    found = sorted((out / "checkpoints").glob("step_*"))
+    if not found or not (found[-1] / "state.json").is_file():
+        return {}
+    state = json.loads((found[-1] / "state.json").read_text())
+    return state if isinstance(state, dict) else {}
 
 
 def load_checkpoint(model: Any, optimizer: Any, out: Path) -> tuple[int, list[float]]:
@@ -98,15 +115,26 @@ def load_checkpoint(model: Any, optimizer: Any, out: Path) -> tuple[int, list[fl
     return int(state["step"]), [float(v) for v in state["curve"]]
 
 
-def finish(config: TrainConfig, out: Path, curve: list[float], rank: int) -> dict[str, Any]:
-    """``summary.json`` and ``reward_curve.png`` (rank 0); print where everything is."""
+def finish(
+    config: TrainConfig,
+    out: Path,
+    curve: list[float],
+    rank: int,
+    leftover: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``summary.json`` and ``reward_curve.png`` (rank 0); print where everything is.
+
+    ``leftover`` is what the rollout side left untrained at the end (async mode)."""
     head, tail = curve[: min(5, len(curve))], curve[-min(5, len(curve)) :]
     summary: dict[str, Any] = {
         "steps": len(curve),
+        "mode": config.mode,
         "curve": curve,
         "first5": sum(head) / len(head) if head else None,
         "last5": sum(tail) / len(tail) if tail else None,
     }
+    if leftover:
+        summary["leftover"] = dict(leftover)
     if rank == 0:  # rank 0 wrote the checkpoints; the other ranks may be ahead of it here
         checkpoints = sorted((out / "checkpoints").glob("step_*"))
         summary["metrics"] = str(out / "metrics.jsonl")

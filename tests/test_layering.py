@@ -20,7 +20,8 @@ its imports is checked against the layers below. They are the design's (DESIGN.m
   **adapters.trl** and **adapters.axolotl** import core, io, lora and themselves; no
   adapter imports another adapter, ``serve`` or ``gym``.
 - **config** (``train_config``: the trainer's settings) imports core only.
-- **apps** (the reference trainer: ``train``, ``train_outputs``) may import any layer.
+- **apps** (the reference trainer: ``train``, ``train_outputs``, ``train_play``) may import
+  any layer.
 
 Only the modules listed in ``HEAVY_AT_IMPORT`` import a heavy framework when they load, and
 ``import nemogym_sdk`` loads no network, YAML or heavy module and none of the io layer.
@@ -124,7 +125,7 @@ def layer(module: str) -> str:
         return "logits"
     if first == "train_config":
         return "config"
-    if first in ("train", "train_outputs"):
+    if first in ("train", "train_outputs", "train_play"):
         return "apps"
     if first in PACKAGE_LAYERS:
         return first

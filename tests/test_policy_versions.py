@@ -139,3 +139,24 @@ def test_the_batch_exposes_versions_oldest_per_row_and_staleness() -> None:
     assert staleness.tolist()[0] == [2, 2, -1, 1]
     assert (staleness[1:] == -1).all()  # no version, DRIFT and failure rows: not counted
     assert np.array_equal(batch.staleness(4)[0], [1, 1, -1, 0])
+
+
+def test_step_metrics_count_tokens_by_staleness() -> None:
+    """Learner at version 5: two tokens by v3 (2 behind), one by v4 (1 behind), and one
+    token of an OK row that reports no version; merged over two ranks, counts add up."""
+    from nemogym_sdk import RolloutStats
+
+    fresh = parse_agent_response(
+        run(turn([1], [10, 11], v(3)), turn([1, 10, 11, 7], [20], v(4))), EOS, row_id="a"
+    )
+    unknown = parse_agent_response(run(turn([1], [10])), EOS, row_id="b")
+    batch = collate([fresh, unknown], pad_token_id=0)
+    stats = RolloutStats.of(batch, learner_version=5)
+    assert stats.staleness == {"1": 1, "2": 2} and stats.unversioned_tokens == 1
+    metrics = stats.as_metrics()
+    assert metrics["staleness"] == {"1": 1, "2": 2}
+    assert metrics["staleness_mean"] == pytest.approx(5 / 3)
+    assert metrics["staleness_max"] == 2 and metrics["unversioned_tokens"] == 1
+    merged = RolloutStats.merge([stats, stats])
+    assert merged.staleness == {"1": 2, "2": 4} and merged.unversioned_tokens == 2
+    assert RolloutStats.of(batch).as_metrics()["staleness"] == {}  # no learner version given

@@ -53,7 +53,7 @@ from nemogym_sdk.lora.probe import (
     request,
 )
 from nemogym_sdk.lora.versions import AdapterVersions
-from nemogym_sdk.wire import LOAD_VERSION_FIELD
+from nemogym_sdk.wire import CARD_VERSIONS_KEPT_FIELD, LOAD_VERSION_FIELD
 
 __all__ = ["LoraSync", "SyncRecord"]
 
@@ -252,6 +252,15 @@ class LoraSync:
         if root is None:
             return None
         return self._store.version_of(root)
+
+    def versions_kept(self) -> int | None:
+        """How many versions of the adapter the server keeps loaded side by side
+        (``nemogym_sdk.serve --adapter-versions``), read from its ``/v1/models`` card; None
+        when the server does not say (vLLM alone) or does not list the adapter."""
+        cards = read_models(self._http, self.base_url, timeout=self.timeout, headers=self._headers)
+        card = next((c for c in cards if c.get("id") == self.adapter_name), None)
+        kept = None if card is None else card.get(CARD_VERSIONS_KEPT_FIELD)
+        return kept if isinstance(kept, int) and not isinstance(kept, bool) else None
 
     def close(self) -> None:
         """Close the HTTP session, if this object created it."""

@@ -317,8 +317,9 @@ class ServeEngine:
     def tokenize(self, body: Any) -> dict[str, Any]:
         """Answer a ``POST /tokenize`` body (chat messages get the same splice as generation)."""
         request = TokenizeRequest.from_json(body)
-        if request.model is not None and self.proxy is None:
-            self.resolve_model(request.model)
+        versioned = self.versions.resolve(request.model, ())
+        if request.model is not None and self.proxy is None and versioned is None:
+            self.resolve_model(request.model)  # 404 for a name that is not served
         if request.messages is not None:
             ids = self.backend.prompt_ids(
                 request.messages,

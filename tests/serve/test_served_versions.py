@@ -161,3 +161,19 @@ def test_a_bad_version_number_is_refused(tmp_path: Path) -> None:
         assert "'policy_version' must be an integer >= 0" in response.text
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("versions_server", ["pinned"], indirect=True)
+def test_tokenize_knows_a_versioned_name(versions_server: Any, tmp_path: Path) -> None:
+    """NeMo Gym's model server calls /tokenize with the adapter's name; with versions kept
+    side by side the name is not a slot of its own, and still answers."""
+    sync = LoraSync(versions_server.base_url, "policy", tmp_path)
+    sync.initialize(lora_model())
+    body = {"model": "policy", "messages": [QUESTION], "add_generation_prompt": True}
+    response = requests.post(f"{versions_server.url}/tokenize", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    assert response.json()["count"] > 0
+    unknown = requests.post(
+        f"{versions_server.url}/tokenize", json={**body, "model": "x"}, timeout=30
+    )
+    assert unknown.status_code == 404

@@ -1,0 +1,171 @@
+"""How ``nemogym-train`` gets each step's rollouts: ``--mode sync`` or ``--mode async``.
+
+* ``sync`` (the default): play the step's groups, wait for the slowest episode, learn,
+  sync the adapter, repeat; ``--prefetch`` plays step k+1 while step k learns.
+* ``async``: a ``RolloutEngine`` keeps episodes playing while the learner learns, within
+  ``--max-staleness K`` adapter versions (pacing, never discarding), each episode under
+  ``--episode-timeout``; every published version lets more groups start. A checkpoint
+  records the groups started but not yet trained, and ``--resume`` plays them first
+  (re-queued); at the end of a run the episodes still playing are cancelled and counted.
+
+Both number groups the same way (group ``n`` plays ``rows[n % len(rows)]``; step ``s`` of the
+synchronous schedule plays groups ``s * rows_per_step`` onwards), and both hand the learner
+whole groups of this rank.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import time
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from nemogym_sdk import AgentClient, ParseOptions, Rollout, RolloutEngine, TaskRow, ranks
+from nemogym_sdk.train_config import TrainConfig
+
+__all__ = ["Played", "play", "rows_for_step"]
+
+logger = logging.getLogger(__name__)
+
+
+class Played(NamedTuple):
+    """One step's rollouts and what getting them cost."""
+
+    rollouts: list[Rollout]
+    waited_s: float
+    """Seconds the learner waited for them."""
+    metrics: dict[str, float]
+    """The rollout side's own step metrics (the engine's, in async mode)."""
+
+
+def rows_for_step(rows: Sequence[TaskRow], step: int, config: TrainConfig) -> list[TaskRow]:
+    """The step's rows (``rows_per_step`` groups, cycling through the file)."""
+    start = (step * config.rows_per_step) % len(rows)
+    return [rows[(start + i) % len(rows)] for i in range(config.rows_per_step)]
+
+
+class _Sync:
+    def __init__(
+        self,
+        client: AgentClient,
+        rows: Sequence[TaskRow],
+        config: TrainConfig,
+        start: int,
+        eos: int,
+    ) -> None:
+        self._steps = _sync_steps(client, rows, config, start, eos)
+
+    def steps(self) -> Iterator[Played]:
+        for rollouts, waited in self._steps:
+            yield Played(rollouts, waited, {})
+
+    def published(self, version: int | None) -> None:
+        return None
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> dict[str, Any]:
+        self._steps.close()
+        return {}
+
+
+def _sync_steps(
+    client: AgentClient, rows: Sequence[TaskRow], config: TrainConfig, start: int, eos: int
+) -> Generator[tuple[list[Rollout], float], None, None]:
+    """Each step's rollouts, this rank's whole groups, and the seconds waited for them; with
+    ``prefetch`` step k+1's are played while step k trains (one adapter version stale)."""
+    rank, world = ranks.rank(), ranks.world_size()
+    parse = ParseOptions(max_completion_length=config.max_completion_length)
+
+    def run(step: int) -> list[Rollout]:
+        mine = rows_for_step(rows, step, config)[rank::world]
+        return client.run_sync(
+            mine, eos_token_id=eos, num_generations=config.num_generations, parse=parse
+        )
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(run, start) if config.prefetch else None
+        for step in range(start, config.steps):
+            began = time.perf_counter()
+            if pending is not None:
+                played = pending.result()
+                pending = pool.submit(run, step + 1) if step + 1 < config.steps else None
+            else:
+                played = run(step)
+            yield played, time.perf_counter() - began
+
+
+class _Async:
+    def __init__(
+        self,
+        client: AgentClient,
+        rows: Sequence[TaskRow],
+        config: TrainConfig,
+        start: int,
+        eos: int,
+        resumed: Mapping[str, Any],
+    ) -> None:
+        self._config, self._start = config, start
+        requeue = resumed.get("requeue", ())
+        self.engine = RolloutEngine(
+            client,
+            rows,
+            eos_token_id=eos,
+            num_generations=config.num_generations,
+            groups_per_step=config.rows_per_step,
+            max_staleness=config.max_staleness,
+            max_inflight=config.max_inflight,
+            episode_timeout=config.episode_timeout,
+            parse=ParseOptions(max_completion_length=config.max_completion_length),
+            requeue=requeue,
+            next_index=int(resumed.get("next_index", start * config.rows_per_step)),
+        ).start()
+        if requeue:
+            logger.info("resumed: playing the %d group(s) the checkpoint left first", len(requeue))
+
+    def steps(self) -> Iterator[Played]:
+        for _ in range(self._start, self._config.steps):
+            step = self.engine.next_step()
+            yield Played(step.rollouts(), step.waited_s, step.metrics())
+
+    def published(self, version: int | None) -> None:
+        self.engine.publish(version)
+
+    def state(self) -> dict[str, Any]:
+        requeue, next_index = self.engine.pending()
+        return {"requeue": list(requeue), "next_index": next_index}
+
+    def close(self) -> dict[str, Any]:
+        left = self.engine.close()
+        return {
+            "untrained_groups": list(left.requeue),
+            "finished_untrained_groups": len(left.finished),
+            "cancelled_episodes": left.cancelled,
+            "next_index": left.next_index,
+        }
+
+
+@contextlib.contextmanager
+def play(
+    config: TrainConfig,
+    client: AgentClient,
+    rows: Sequence[TaskRow],
+    start: int,
+    eos: int,
+    resumed: Mapping[str, Any],
+    leftover: dict[str, Any],
+) -> Iterator[_Sync | _Async]:
+    """The rollout side of a run in ``config.mode``; ``leftover`` receives what it left
+    untrained when the run ends (async mode: groups in flight, cancelled and counted)."""
+    source: _Sync | _Async = (
+        _Async(client, rows, config, start, eos, resumed)
+        if config.mode == "async"
+        else _Sync(client, rows, config, start, eos)
+    )
+    try:
+        yield source
+    finally:
+        leftover.update(source.close())
