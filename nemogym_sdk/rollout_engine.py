@@ -53,11 +53,30 @@ from nemogym_sdk.client import AgentClient
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.records import ParseOptions, Rollout, RolloutRequest, TaskRow
 
-__all__ = ["EngineStalledError", "EngineStep", "Group", "Leftover", "RolloutEngine"]
+__all__ = [
+    "EngineStalledError",
+    "EngineStep",
+    "Group",
+    "Leftover",
+    "RolloutEngine",
+    "is_due",
+    "may_start",
+]
 
 logger = logging.getLogger(__name__)
 
 _DEFAULT_PARSE = ParseOptions()
+
+
+def may_start(started: int, published: int, max_staleness: int, groups_per_step: int) -> bool:
+    """The pacing rule: with ``started`` groups started and ``published`` versions published
+    since the start, may another group start?"""
+    return started < (published + max_staleness + 1) * groups_per_step
+
+
+def is_due(started_on: int, step: int, max_staleness: int) -> bool:
+    """Must step ``step`` include a group that started after ``started_on`` publishes?"""
+    return started_on <= step - max_staleness
 
 
 class EngineStalledError(ConfigError):
@@ -347,15 +366,15 @@ class RolloutEngine:
 
     # --- pacing -------------------------------------------------------------------------------
 
-    def _allowed(self) -> int:
-        return (self._published + self.max_staleness + 1) * self.groups_per_step
+    def _may_start(self) -> bool:
+        return may_start(self._started, self._published, self.max_staleness, self.groups_per_step)
 
     def _due(self) -> list[int]:
         """Groups step ``self._steps`` must include: started ``max_staleness`` or more
         versions ago."""
-        limit = self._steps - self.max_staleness
-        due = [i for i, v in self._playing.items() if v <= limit]
-        due += [i for i, g in self._finished.items() if g.started_on <= limit]
+        step, k = self._steps, self.max_staleness
+        due = [i for i, v in self._playing.items() if is_due(v, step, k)]
+        due += [i for i, g in self._finished.items() if is_due(g.started_on, step, k)]
         return due
 
     def _ready(self) -> bool:
@@ -363,7 +382,7 @@ class RolloutEngine:
         return all(i in self._finished for i in due) and len(self._finished) >= self.groups_per_step
 
     def _stalled(self) -> bool:
-        return not self._playing and not self._closing and self._started >= self._allowed()
+        return not self._playing and not self._closing and not self._may_start()
 
     def _take(self) -> tuple[Group, ...]:
         due = set(self._due())
@@ -382,7 +401,7 @@ class RolloutEngine:
             not self._closing
             and self._error is None
             and self._episodes + self.num_generations <= self.max_inflight
-            and self._started < self._allowed()
+            and self._may_start()
         ):
             if self._requeue:
                 index = self._requeue.popleft()

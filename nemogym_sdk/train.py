@@ -398,7 +398,11 @@ def run(config: TrainConfig) -> dict[str, Any]:
     leftover: dict[str, Any] = {}
     with (
         servers(config, out, setup.device, model) as (directory, train_file, sync),
-        AgentClient(directory, sampling=setup.sampling, timeouts=Timeouts(request=600.0)) as client,
+        AgentClient(
+            directory,
+            sampling=setup.sampling,
+            timeouts=Timeouts(request=config.episode_timeout or 600.0),
+        ) as client,
         outputs(config, out, start, rank) as log,
         contextlib.ExitStack() as closing,
     ):

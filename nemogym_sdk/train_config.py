@@ -86,8 +86,8 @@ class TrainConfig:
     """``async``: episodes playing at once (default: all the pacing allows,
     ``(max_staleness + 1) * rows_per_step * num_generations``)."""
     episode_timeout: float | None = None
-    """Seconds an episode may play before it ends as a ``TIMEOUT`` failure (``async``; the
-    synchronous mode keeps the per-request timeout)."""
+    """Seconds an episode may play before it ends as a ``TIMEOUT`` failure, so a stuck one
+    cannot hold a step (both modes; default 600)."""
     version_policy: str = "pinned"
     """``async``: which adapter version answers a later turn of an episode that spans a sync:
     ``pinned`` (the one it started on) or ``in_flight`` (the newest)."""

@@ -196,3 +196,22 @@ def test_reward_varies_within_groups_under_a_random_policy() -> None:
     assert all(statistics.pstdev(group) > 0 for group in groups)
     mean = statistics.mean(r for group in groups for r in group)
     assert 0.05 < mean < 0.3  # far from both ends: room to learn
+
+
+def test_latency_is_heavy_tailed_capped_and_stalls_as_asked() -> None:
+    """A row's ``latency``: Pareto delays from ``scale_s`` up to ``cap_s``, stalls with
+    probability ``stall_p``; rows without one answer at once; bad fields are refused."""
+    import random
+
+    row = {"seed": 0, "latency": {"scale_s": 0.01, "alpha": 1.2, "cap_s": 1.0, "stall_p": 0.1}}
+    latency = rules.Task.from_row(row).latency
+    assert latency is not None and latency.stall_s == 60.0
+    delays = [latency.delay(random.Random(i)) for i in range(2000)]
+    ordinary = [d for d in delays if d != 60.0]
+    assert 0.05 < (len(delays) - len(ordinary)) / len(delays) < 0.15
+    assert min(ordinary) >= 0.01 and max(ordinary) == 1.0  # the cap is reached: a heavy tail
+    assert sorted(ordinary)[len(ordinary) // 2] < 0.02  # while the median stays near scale_s
+    assert rules.Task.from_row({"seed": 0}).latency is None
+    for bad in ({"scale_s": -1}, {"speed": 1}, {"alpha": 0}, "fast"):
+        with pytest.raises(ValueError, match="latency"):
+            rules.Task.from_row({"seed": 0, "latency": bad})

@@ -40,15 +40,30 @@ ROUTES: dict[str, tuple[str, ...]] = {
 
 
 class _Worker:
-    """Runs model calls one at a time on a dedicated thread."""
+    """Runs model calls one at a time on a dedicated thread; ``urgent`` calls (adapter
+    loads) go before every call still waiting, so publishing a new version never waits
+    behind a queue of generations (an asynchronous trainer publishes while they play)."""
 
     def __init__(self) -> None:
-        self.lock = asyncio.Lock()
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nemogym-serve")
+        self._turn = asyncio.Condition()
+        self._busy = False
+        self._urgent = 0
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        async with self.lock:
+    async def run(self, fn: Callable[..., T], *args: Any, urgent: bool = False) -> T:
+        async with self._turn:
+            self._urgent += urgent
+            try:
+                await self._turn.wait_for(lambda: not self._busy and (urgent or self._urgent == 0))
+            finally:
+                self._urgent -= urgent
+            self._busy = True
+        try:
             return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        finally:
+            async with self._turn:
+                self._busy = False
+                self._turn.notify_all()
 
 
 WORKER_KEY = web.AppKey("nemogym_serve_worker", _Worker)
@@ -145,12 +160,14 @@ async def _tokenize(request: web.Request) -> web.StreamResponse:
 
 async def _load_lora(request: web.Request) -> web.StreamResponse:
     engine, body = request.app[ENGINE_KEY], await _body(request)
-    return web.Response(text=await request.app[WORKER_KEY].run(engine.load_lora, body))
+    worker = request.app[WORKER_KEY]
+    return web.Response(text=await worker.run(engine.load_lora, body, urgent=True))
 
 
 async def _unload_lora(request: web.Request) -> web.StreamResponse:
     engine, body = request.app[ENGINE_KEY], await _body(request)
-    return web.Response(text=await request.app[WORKER_KEY].run(engine.unload_lora, body))
+    worker = request.app[WORKER_KEY]
+    return web.Response(text=await worker.run(engine.unload_lora, body, urgent=True))
 
 
 def create_app(engine: ServeEngine) -> web.Application:

@@ -3,6 +3,7 @@ says so (real HTTP on loopback, the tiny model, real LoRA weights through ``Lora
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -177,3 +178,37 @@ def test_tokenize_knows_a_versioned_name(versions_server: Any, tmp_path: Path) -
         f"{versions_server.url}/tokenize", json={**body, "model": "x"}, timeout=30
     )
     assert unknown.status_code == 404
+
+
+def test_a_load_goes_before_queued_generations(tmp_path: Path) -> None:
+    """80 chat requests queue on the one model thread; a LoRA load sent after them is run
+    next, not after the queue (an async trainer publishes while episodes play)."""
+    import threading
+
+    server = make_server("scripted", tool_turns=0)
+    try:
+        sync = LoraSync(server.base_url, "policy", tmp_path, keep=3)
+        model = lora_model()
+        sync.initialize(model)
+        done: list[str] = []
+        lock = threading.Lock()
+
+        def chat() -> None:
+            ask(server, [QUESTION])
+            with lock:
+                done.append("chat")
+
+        threads = [threading.Thread(target=chat) for _ in range(80)]
+        for thread in threads:
+            thread.start()
+        while not done:  # the queue is being served
+            time.sleep(0.01)
+        perturb(model, seed=1)
+        sync.sync(model)
+        with lock:
+            done.append("load")
+        for thread in threads:
+            thread.join()
+        assert done.index("load") < 40, done  # not behind the whole queue
+    finally:
+        server.stop()

@@ -16,12 +16,16 @@ Runs in NeMo Gym's venv (``python app.py`` with this directory as the working di
 and on ``PYTHONPATH``, which is how ``import rules`` finds the sibling module).
 """
 
+import asyncio
+import random
 from typing import Any
 
 import rules  # the sibling rules.py: this directory is the cwd and on PYTHONPATH
 from fastapi import HTTPException
 from nemo_gym.openai_utils import NeMoGymResponse
 from resources_servers.gymnasium import GymnasiumServer, extract_text
+
+_RNG = random.Random()
 
 
 class TargetCharsEnv(GymnasiumServer):
@@ -50,6 +54,8 @@ class TargetCharsEnv(GymnasiumServer):
                 status_code=409,
                 detail=f"{rules.NAME}: no episode for this session; POST /reset first",
             )
+        if episode.task.latency is not None:  # a slow tool: heavy-tailed, sometimes stalled
+            await asyncio.sleep(episode.task.latency.delay(_RNG))
         result = episode.step(extract_text(action))
         return result.observation, result.reward, result.terminated, False, result.info
 

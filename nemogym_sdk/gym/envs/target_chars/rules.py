@@ -15,6 +15,13 @@ the model replies; the reply scores the share of its characters that are in the 
 Each step returns ``round_reward / num_rounds``, so the episode total (``gymnasium_agent``
 sums step rewards) is the mean round reward, in [0, 1]. Copying the shown word scores 1.
 
+An optional row field ``latency`` makes the environment slow, as tools and sandboxes are:
+before answering each step it waits ``min(cap_s, scale_s * Pareto(alpha))`` seconds, and with
+probability ``stall_p`` it stalls for ``stall_s`` instead (heavy-tailed episode lengths, for
+the asynchronous trainer's tests and benchmark)::
+
+    {"latency": {"scale_s": 0.05, "alpha": 1.2, "cap_s": 4.0, "stall_p": 0.01, "stall_s": 60}}
+
 Regenerate the shipped data with ``python rules.py`` (writes ``data/example.jsonl`` and
 ``data/train.jsonl`` next to this file).
 """
@@ -24,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import random
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -99,6 +107,49 @@ def observation(
 
 
 @dataclasses.dataclass(frozen=True)
+class Latency:
+    """How long the environment takes to answer a step (the row's ``latency`` field)."""
+
+    scale_s: float = 0.05
+    """The shortest delay; delays are ``scale_s`` times a Pareto draw."""
+    alpha: float = 1.2
+    """The Pareto shape: smaller is heavier-tailed (below 2, the variance is infinite)."""
+    cap_s: float = 4.0
+    """The longest ordinary delay."""
+    stall_p: float = 0.0
+    """Probability that a step stalls instead."""
+    stall_s: float = 60.0
+    """How long a stall lasts."""
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Latency | None:
+        """The row's latency, or None when it has none; ``ValueError`` for a bad one."""
+        raw = row.get("latency")
+        if raw is None:
+            return None
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"latency must be an object, got {raw!r}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - names)
+        if unknown:
+            raise ValueError(f"latency: unknown field(s) {', '.join(unknown)}")
+        values = dict(raw)
+        for name, value in values.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"latency.{name} must be a number >= 0, got {value!r}")
+        latency = cls(**{k: float(v) for k, v in values.items()})
+        if latency.alpha <= 0 or latency.stall_p > 1:
+            raise ValueError("latency needs alpha > 0 and stall_p <= 1")
+        return latency
+
+    def delay(self, rng: random.Random) -> float:
+        """Seconds to wait before answering one step."""
+        if self.stall_p and rng.random() < self.stall_p:
+            return self.stall_s
+        return min(self.cap_s, self.scale_s * rng.paretovariate(self.alpha))
+
+
+@dataclasses.dataclass(frozen=True)
 class Task:
     """The task fields of one row."""
 
@@ -108,6 +159,8 @@ class Task:
     """Characters that score."""
     num_rounds: int = DEFAULT_NUM_ROUNDS
     """Rounds in the episode."""
+    latency: Latency | None = None
+    """How slow each step is (None: it answers at once)."""
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Task:
@@ -121,7 +174,12 @@ class Task:
             raise ValueError(f"target_chars must be a non-empty string, got {target_chars!r}")
         if not isinstance(num_rounds, int) or isinstance(num_rounds, bool) or num_rounds < 1:
             raise ValueError(f"num_rounds must be an integer >= 1, got {num_rounds!r}")
-        return cls(seed=seed, target_chars=target_chars, num_rounds=num_rounds)
+        return cls(
+            seed=seed,
+            target_chars=target_chars,
+            num_rounds=num_rounds,
+            latency=Latency.from_row(row),
+        )
 
     def observation(self, round_number: int) -> str:
         """The observation opening round ``round_number`` (1-based)."""
