@@ -44,7 +44,7 @@ def train(mode: str, out: Path, train_file: Path, args: argparse.Namespace) -> f
         sys.executable, "-m", "nemogym_sdk.train", "--out", str(out), "--mode", mode,
         "--steps", str(args.steps), "--train-file", str(train_file),
         "--episode-timeout", str(args.episode_timeout), "--seed", "0",
-        "--checkpoint-every", str(args.steps),
+        "--checkpoint-every", str(args.steps), "--backend", args.backend,
     ]  # fmt: skip
     if mode == "async":
         argv += ["--max-staleness", str(args.max_staleness)]
@@ -103,6 +103,7 @@ def main() -> None:
     parser.add_argument("--cap-s", type=float, default=4.0)
     parser.add_argument("--stall-p", type=float, default=0.003)
     parser.add_argument("--stall-s", type=float, default=60.0)
+    parser.add_argument("--backend", choices=("transformers", "vllm"), default="transformers")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_async"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -115,7 +116,10 @@ def main() -> None:
     for mode in ("sync", "async"):
         run_s = train(mode, args.out / mode, train_file, args)
         results.append({**summarize(mode, args.out / mode, args.target), "run_s": run_s})
-    print(f"latency {latency}, episode timeout {args.episode_timeout} s, target {args.target}")
+    print(
+        f"backend {args.backend}, latency {latency}, episode timeout {args.episode_timeout} s, "
+        f"target {args.target}, K={args.max_staleness}"
+    )
     print(f"{'mode':6} {'steps/h':>8} {'rollouts/s':>10} {'idle':>6} {'timeouts':>8} "
           f"{'to target':>14} {'last5':>6}")  # fmt: skip
     for r in results:

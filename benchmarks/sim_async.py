@@ -94,6 +94,8 @@ class Sim:
         self.ages: Counter[int] = Counter()
         self.step_ends: list[float] = []
         self.rollouts = 0
+        self.open: dict[int, int] = {}
+        self.playing_episodes = 0
 
     def push(self, at: float, kind: str, data: Any) -> None:
         self.seq += 1
@@ -106,6 +108,8 @@ class Sim:
         self.started += 1
         replica = min(self.replicas, key=lambda r: len(r.active))
         self.groups[index] = {"left": self.args.num_generations, "started_on": self.published}
+        self.open[index] = self.published  # started, not yet taken by the learner
+        self.playing_episodes += self.args.num_generations
         for _ in range(self.args.num_generations):
             eid = len(self.episodes)
             deadline = self.now + self.args.episode_timeout
@@ -155,6 +159,7 @@ class Sim:
         if episode["done"]:
             return
         episode["done"] = True
+        self.playing_episodes -= 1
         group = self.groups[episode["group"]]
         group["left"] -= 1
         if group["left"] == 0:
@@ -172,36 +177,28 @@ class Sim:
 
     # --- the learner ----------------------------------------------------------------------------
 
-    def in_flight(self) -> int:
-        return sum(1 for g in self.groups.values() if g["left"] > 0) * self.args.num_generations
-
     def schedule(self) -> None:
         cap = self.args.max_inflight_per_replica * len(self.replicas)
         while (
             may_start(self.started, self.published, self.k, self.groups_per_step)
-            and self.in_flight() + self.args.num_generations <= cap
+            and self.playing_episodes + self.args.num_generations <= cap
         ):
             self.start_group()
         if self.learning:
             return
-        due = [
-            i
-            for i, g in self.groups.items()
-            if i not in self.taken and is_due(g["started_on"], self.steps, self.k)
-        ]
+        due = [i for i, v in self.open.items() if is_due(v, self.steps, self.k)]
         if all(i in self.finished for i in due) and len(self.finished) >= self.groups_per_step:
             order = sorted(
                 self.finished, key=lambda i: (i not in due, self.finished[i]["started_on"], i)
             )
             for i in order[: self.groups_per_step]:
                 self.ages[self.steps - self.finished.pop(i)["started_on"]] += 1
-                self.taken.add(i)
+                del self.open[i]
             self.rollouts += self.groups_per_step * self.args.num_generations
             self.learning = True
             self.push(self.now + self.args.learner_s, "learned", None)
 
     def run(self, steps: int) -> dict[str, Any]:
-        self.taken: set[int] = set()
         handlers = {"generated": lambda d: self.generated(*d), "env": self.env,
                     "deadline": self.deadline, "learned": lambda d: self.learned()}  # fmt: skip
         self.schedule()

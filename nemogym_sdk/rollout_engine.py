@@ -46,12 +46,20 @@ from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any, Self
 
-import attrs
-
 from nemogym_sdk._aio import BackgroundLoop
 from nemogym_sdk.client import AgentClient
 from nemogym_sdk.errors import ConfigError
-from nemogym_sdk.records import ParseOptions, Rollout, RolloutRequest, TaskRow
+from nemogym_sdk.records import ParseOptions, Rollout, RolloutRequest, RolloutStatus, TaskRow
+from nemogym_sdk.rollout_groups import (
+    EngineStalledError,
+    EngineStep,
+    Group,
+    Leftover,
+    Occupancy,
+    is_due,
+    may_start,
+)
+from nemogym_sdk.turns import stamp
 
 __all__ = [
     "EngineStalledError",
@@ -66,96 +74,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _DEFAULT_PARSE = ParseOptions()
-
-
-def may_start(started: int, published: int, max_staleness: int, groups_per_step: int) -> bool:
-    """The pacing rule: with ``started`` groups started and ``published`` versions published
-    since the start, may another group start?"""
-    return started < (published + max_staleness + 1) * groups_per_step
-
-
-def is_due(started_on: int, step: int, max_staleness: int) -> bool:
-    """Must step ``step`` include a group that started after ``started_on`` publishes?"""
-    return started_on <= step - max_staleness
-
-
-class EngineStalledError(ConfigError):
-    """The pacing allows no new group and too few are playing or finished for a step."""
-
-
-@attrs.frozen(kw_only=True)
-class Group:
-    """One row played ``num_generations`` times."""
-
-    index: int
-    """The group's number, in start order (its row is ``rows[index % len(rows)]``)."""
-    row: TaskRow
-    """The row it played."""
-    started_on: int
-    """How many versions had been published (`RolloutEngine.publish`) when the group
-    started: it is trained at step ``started_on + max_staleness`` at the latest."""
-    rollouts: tuple[Rollout, ...]
-    """Its rollouts, by repeat index (failures included)."""
-    seconds: float
-    """Wall time from its start to its last episode's end."""
-
-    @property
-    def ok(self) -> int:
-        """``OK`` rollouts in the group."""
-        return sum(1 for rollout in self.rollouts if rollout.ok)
-
-
-@attrs.frozen(kw_only=True)
-class EngineStep:
-    """What `RolloutEngine.next_step` hands the learner, and how the sampler side fared."""
-
-    step: int
-    """The engine's step count (0 for the first step it hands out)."""
-    groups: tuple[Group, ...]
-    """``groups_per_step`` whole groups, overdue ones first, then the oldest finished."""
-    waited_s: float
-    """Seconds `next_step` blocked before the groups were ready."""
-    in_flight: int
-    """Episodes still playing when the groups were handed out."""
-    inflight_mean: float
-    """Time-averaged episodes in flight since the previous step was handed out."""
-    idle_fraction: float
-    """Share of that time with no episode in flight (the sampler had nothing to do)."""
-    groups_started: int
-    """Groups started since the previous step was handed out."""
-
-    def rollouts(self) -> list[Rollout]:
-        """Every rollout of the step, group after group."""
-        return [rollout for group in self.groups for rollout in group.rollouts]
-
-    def metrics(self) -> dict[str, float]:
-        """The step's engine metrics, by the names the reference trainer logs."""
-        versions_behind = [self.step - g.started_on for g in self.groups]
-        return {
-            "engine_waited_s": self.waited_s,
-            "engine_in_flight": float(self.in_flight),
-            "engine_inflight_mean": self.inflight_mean,
-            "engine_idle_fraction": self.idle_fraction,
-            "engine_groups_started": float(self.groups_started),
-            "engine_group_age_max": float(max(versions_behind, default=0)),
-        }
-
-
-@attrs.frozen(kw_only=True)
-class Leftover:
-    """What `RolloutEngine.close` left untrained, so nothing is lost silently."""
-
-    drained: bool
-    """True: episodes in flight were played to their end; False: they were cancelled."""
-    requeue: tuple[int, ...]
-    """Every group started but not handed to the learner, in start order: pass it as
-    ``requeue=`` to a new engine (a resumed run) to play those rows again."""
-    finished: tuple[Group, ...]
-    """The finished groups among them (drained ones included)."""
-    cancelled: int
-    """Episodes cancelled while playing (0 when drained)."""
-    next_index: int
-    """The number the next new group gets (``next_index=`` of a resumed engine)."""
 
 
 class RolloutEngine:
@@ -174,6 +92,10 @@ class RolloutEngine:
         parse: how ``/run`` results become rollouts.
         requeue: group numbers to play first (a resumed run's `Leftover.requeue`).
         next_index: the number of the first new group (`Leftover.next_index`).
+        cut_stragglers: hand out a due group as soon as two of its episodes are ``OK``; the
+            ones still playing are cancelled and come out as ``TIMEOUT`` failures (so a slow
+            episode never holds the learner, at the price of favouring fast episodes within
+            a group). Off by default: a due group waits for its episodes' deadlines.
     """
 
     def __init__(
@@ -190,6 +112,7 @@ class RolloutEngine:
         parse: ParseOptions = _DEFAULT_PARSE,
         requeue: Iterable[int] = (),
         next_index: int = 0,
+        cut_stragglers: bool = False,
     ) -> None:
         if not rows:
             raise ConfigError("RolloutEngine needs at least one row")
@@ -219,6 +142,7 @@ class RolloutEngine:
         self.max_inflight = max_inflight
         self.episode_timeout = episode_timeout
         self.parse = parse
+        self.cut_stragglers = cut_stragglers
         self._cond = threading.Condition()
         self._requeue = collections.deque(sorted(set(requeue)))
         self._next_index = next_index
@@ -232,10 +156,13 @@ class RolloutEngine:
         self._error: BaseException | None = None
         self._closing = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._members: dict[int, list[Rollout | None]] = {}
+        self._member_tasks: dict[int, list[asyncio.Task[None]]] = {}
+        self._began: dict[int, float] = {}
         self._loop: BackgroundLoop | None = None
         self._wake: asyncio.Event | None = None
         self._pump_done: Any = None
-        self._window = _Occupancy()
+        self._window = Occupancy()
 
     # --- the learner's side -----------------------------------------------------------------
 
@@ -298,6 +225,7 @@ class RolloutEngine:
                 inflight_mean=window.inflight_mean,
                 idle_fraction=window.idle_fraction,
                 groups_started=window.groups_started,
+                cut=window.cut,
             )
             self._steps += 1
         return step
@@ -379,6 +307,7 @@ class RolloutEngine:
 
     def _ready(self) -> bool:
         due = self._due()
+        self._cut_stragglers(due)
         return all(i in self._finished for i in due) and len(self._finished) >= self.groups_per_step
 
     def _stalled(self) -> bool:
@@ -438,36 +367,90 @@ class RolloutEngine:
 
     async def _play_group(self, index: int, version: int) -> None:
         row = self.rows[index % len(self.rows)]
-        began = time.monotonic()
+        with self._cond:
+            self._members[index] = [None] * self.num_generations
+            self._began[index] = time.monotonic()
+        tasks = [
+            asyncio.ensure_future(self._play_member(index, RolloutRequest(row=row, repeat_index=i)))
+            for i in range(self.num_generations)
+        ]
+        with self._cond:
+            self._member_tasks[index] = tasks
         try:
-            rollouts = await asyncio.gather(
-                *(
-                    self._play_one(RolloutRequest(row=row, repeat_index=i))
-                    for i in range(self.num_generations)
-                )
-            )
+            await asyncio.wait(tasks)
         except asyncio.CancelledError:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             raise
-        except Exception as exc:  # noqa: BLE001 - handed to the learner by next_step
-            with self._cond:
-                self._error = self._error or exc
-                if self._playing.pop(index, None) is not None:
-                    self._requeue.appendleft(index)  # not lost: close() lists it
-                self._cond.notify_all()
-            return
-        group = Group(
-            index=index,
-            row=row,
-            started_on=version,
-            rollouts=tuple(rollouts),
-            seconds=time.monotonic() - began,
+        failed = next(
+            (t.exception() for t in tasks if not t.cancelled() and t.exception() is not None),
+            None,
         )
         with self._cond:
-            if self._playing.pop(index, None) is not None:
-                self._finished[index] = group
+            if failed is not None:  # handed to the learner by next_step
+                self._error = self._error or failed
+                if self._playing.pop(index, None) is not None:
+                    self._requeue.appendleft(index)  # not lost: close() lists it
+                self._forget_members(index)
+            elif index in self._playing:  # not cut while it played
+                self._finalize(index)
             self._cond.notify_all()
         assert self._wake is not None
         self._wake.set()
+
+    async def _play_member(self, index: int, request: RolloutRequest) -> None:
+        rollout = await self._play_one(request)
+        with self._cond:
+            members = self._members.get(index)
+            if members is not None:
+                members[request.repeat_index] = rollout
+                if self.cut_stragglers:
+                    self._cond.notify_all()  # the learner may cut the group now
+
+    def _finalize(self, index: int, *, cut: str | None = None) -> None:
+        """Move a playing group to the finished ones (under the lock); ``cut`` says why its
+        missing episodes end as ``TIMEOUT`` failures (they are cancelled)."""
+        members = self._members[index]
+        row = self.rows[index % len(self.rows)]
+        rollouts = []
+        for repeat, rollout in enumerate(members):
+            if rollout is None:
+                failed = Rollout.failed(RolloutStatus.TIMEOUT, self.eos_token_id, error=cut)
+                rollout = stamp(failed, row_id=row.row_id, repeat_index=repeat)
+                self._window.cut += 1
+            rollouts.append(rollout)
+        self._finished[index] = Group(
+            index=index,
+            row=row,
+            started_on=self._playing.pop(index),
+            rollouts=tuple(rollouts),
+            seconds=time.monotonic() - self._began[index],
+        )
+        tasks = self._member_tasks.get(index, [])
+        self._forget_members(index)
+        if cut is not None and self._loop is not None:
+            self._loop.loop.call_soon_threadsafe(lambda: [t.cancel() for t in tasks])
+
+    def _forget_members(self, index: int) -> None:
+        self._members.pop(index, None)
+        self._member_tasks.pop(index, None)
+        self._began.pop(index, None)
+
+    def _cut_stragglers(self, due: list[int]) -> None:
+        """``cut_stragglers``: a due group still playing, with at least two ``OK`` episodes
+        done, is handed out now; its other episodes end as ``TIMEOUT`` failures."""
+        if not self.cut_stragglers:
+            return
+        for index in due:
+            members = self._members.get(index)
+            done_ok = sum(1 for r in members or () if r is not None and r.ok)
+            if index in self._playing and members is not None and done_ok >= 2:
+                reason = (
+                    f"cut: still playing when its group was due at step {self._steps} "
+                    "(cut_stragglers)"
+                )
+                self._finalize(index, cut=reason)
 
     async def _play_one(self, request: RolloutRequest) -> Rollout:
         try:
@@ -491,38 +474,3 @@ class RolloutEngine:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         return cancelled
-
-
-class _Occupancy:
-    """Episodes in flight over time, between two hand-outs."""
-
-    def __init__(self) -> None:
-        self._since = self._last = time.monotonic()
-        self._area = 0.0
-        self._idle = 0.0
-        self.groups_started = 0
-
-    def change(self, before: int, after: int) -> None:
-        now = time.monotonic()
-        self._area += before * (now - self._last)
-        if before == 0:
-            self._idle += now - self._last
-        self._last = now
-
-    def close(self, current: int) -> _Window:
-        self.change(current, current)
-        span = self._last - self._since
-        window = _Window(
-            inflight_mean=self._area / span if span > 0 else float(current),
-            idle_fraction=self._idle / span if span > 0 else 0.0,
-            groups_started=self.groups_started,
-        )
-        self._since, self._area, self._idle, self.groups_started = self._last, 0.0, 0.0, 0
-        return window
-
-
-@attrs.frozen
-class _Window:
-    inflight_mean: float
-    idle_fraction: float
-    groups_started: int

@@ -88,6 +88,10 @@ class TrainConfig:
     episode_timeout: float | None = None
     """Seconds an episode may play before it ends as a ``TIMEOUT`` failure, so a stuck one
     cannot hold a step (both modes; default 600)."""
+    cut_stragglers: bool = False
+    """``async``: hand out a group whose turn has come as soon as two of its episodes are
+    ``OK``; the ones still playing end as ``TIMEOUT`` failures (a slow episode never holds
+    the learner, at the price of favouring fast episodes within a group)."""
     version_policy: str = "pinned"
     """``async``: which adapter version answers a later turn of an episode that spans a sync:
     ``pinned`` (the one it started on) or ``in_flight`` (the newest)."""

@@ -122,6 +122,7 @@ class _Async:
             parse=ParseOptions(max_completion_length=config.max_completion_length),
             requeue=requeue,
             next_index=int(resumed.get("next_index", start * config.rows_per_step)),
+            cut_stragglers=config.cut_stragglers,
         ).start()
         if requeue:
             logger.info("resumed: playing the %d group(s) the checkpoint left first", len(requeue))

@@ -5,7 +5,7 @@ its imports is checked against the layers below. They are the design's (DESIGN.m
 2), stated as intended, not read off the imports that happen to exist:
 
 - **core** (pure: records, wire, turns, masks, collate, data, grpo, metrics, hosts, errors,
-  policy, devices, ranks) imports only the core. It never imports torch, trl, vllm,
+  policy, devices, ranks, rollout_groups) imports only the core. It never imports torch, trl, vllm,
   axolotl, transformers or peft, at module level or in a function, except the two torch
   bridges the design names: ``Batch.to_torch`` (records) and ``devices.torch_device``.
 - **io** (the network: ``_aio``, ``_http``, ``_ready``, ``_session``, directory, client,
@@ -56,6 +56,7 @@ CORE_MODULES = (
     "ranks",
     "records",
     "rewards",
+    "rollout_groups",
     "turns",
 )
 CORE_PACKAGES = ("grpo", "wire")

@@ -269,3 +269,26 @@ def test_bad_settings_are_config_errors(kwargs: dict[str, Any], message: str) ->
     settings.update(kwargs)
     with pytest.raises(ConfigError, match=message):
         RolloutEngine(AgentClient({"a": "http://127.0.0.1:9"}), rows(1), **settings)
+
+
+def test_cut_stragglers_hands_a_due_group_out_once_two_are_ok(serve: Any) -> None:
+    """One episode of the group stalls: with cut_stragglers the step does not wait for its
+    deadline; the straggler comes out as a TIMEOUT failure saying why, in its place."""
+    agent = Agent({"t0": [0.01, 0.01, 0.01, STALL_S]})
+    client = serve(agent)
+    with client, RolloutEngine(
+        client, rows(1), eos_token_id=EOS, num_generations=4, groups_per_step=1,
+        episode_timeout=4 * STALL_S, cut_stragglers=True,
+    ) as engine:  # fmt: skip
+        played = engine.next_step(timeout=2 * STALL_S)
+        assert played.waited_s < STALL_S / 2  # not the stall's length
+        (group,) = played.groups
+        assert [r.status for r in group.rollouts] == [RolloutStatus.OK] * 3 + [
+            RolloutStatus.TIMEOUT
+        ]
+        cut = group.rollouts[3]
+        assert cut.error is not None and cut.error.startswith("cut: still playing")
+        assert (cut.row_id, cut.repeat_index) == ("t0", 3)
+        assert played.metrics()["engine_cut_episodes"] == 1.0
+        engine.publish(1)
+        assert engine.next_step(timeout=STALL_S).groups[0].index == 1  # the engine goes on

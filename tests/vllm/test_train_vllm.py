@@ -49,3 +49,33 @@ def test_trainer_with_the_vllm_backend(vllm_venv: object, tmp_path: Path) -> Non
         assert step["failures"] == {} and step["rollouts"] == 16 and step["turns_mean"] == 3.0
         assert step["mismatch_max"] < MISMATCH_MAX, step
     assert (out / "reward_curve.png").is_file()
+
+
+def test_async_trainer_with_the_vllm_backend(vllm_venv: object, tmp_path: Path) -> None:
+    """--mode async through the proxy: each adapter version goes into a vLLM adapter slot of
+    its own (``--max-loras 3``), every turn reports the version that generated it, and no
+    token is more than one version stale; tokens of the current version (step 0: all of
+    them) match the learner to the bound."""
+    from nemogym_sdk.gym import GymVenvNotFoundError, find_gym_venv
+
+    try:
+        find_gym_venv()
+    except GymVenvNotFoundError as exc:
+        absent(f"NeMo Gym venv absent: {exc}")
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "nemogym_sdk.train", "--config", "examples/demo.yaml"]
+    argv += ["--steps", "4", "--rows-per-step", "2", "--out", str(out)]
+    argv += ["--mode", "async", "--max-staleness", "1"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    logs = "".join(f"--- {p}\n{p.read_text()[-2000:]}\n" for p in out.glob("logs/*.log"))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:] + logs
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    print("steps:", [(s["staleness"], s["mismatch_max"], s["step_s"]) for s in steps])
+    assert [s["adapter_version"] for s in steps] == [1, 2, 3, 4]
+    for step in steps:
+        assert step["failures"] == {} and step["rollouts"] == 16 and step["turns_mean"] == 3.0
+        assert step["unversioned_tokens"] == 0 and step["staleness_max"] <= 1, step
+    assert steps[0]["staleness"] == {"0": steps[0]["policy_tokens"]}
+    assert steps[0]["mismatch_max"] < MISMATCH_MAX, steps[0]
+    assert any(s["staleness"].get("1") for s in steps[1:])
