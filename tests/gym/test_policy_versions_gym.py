@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-import warnings
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -17,31 +15,9 @@ from nemogym_sdk import AgentClient, LoraSync, SamplingParams, load_rows
 from nemogym_sdk.gym import GymStack, start_serve
 from nemogym_sdk.serve.record import read_records, turn_key
 from nemogym_sdk.wire import decode_run_result
+from tests.lora_models import perturb, tiny_lora
 
 pytestmark = [pytest.mark.gym, pytest.mark.slow]
-
-
-def lora_model() -> Any:
-    import torch
-    from peft import LoraConfig, get_peft_model
-
-    from nemogym_sdk.serve.tiny import build_tiny_model
-
-    torch.manual_seed(0)
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", ".*is_gradient_checkpointing", FutureWarning)
-        return get_peft_model(build_tiny_model(0), config)
-
-
-def perturb(model: Any, seed: int) -> None:
-    import torch
-
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
 
 
 def test_every_turn_records_the_version_that_served_it(gym_venv: object, tmp_path: Path) -> None:
@@ -51,7 +27,7 @@ def test_every_turn_records_the_version_that_served_it(gym_venv: object, tmp_pat
     did span a publish."""
     record = tmp_path / "served.jsonl"
     extra = ["--adapter-versions", "3", "--version-policy", "pinned", "--record", str(record)]
-    model = lora_model()
+    model = tiny_lora()
     with (
         start_serve(
             mode="sample", seed=0, extra_args=extra, log_path=tmp_path / "serve.log"
@@ -70,7 +46,7 @@ def test_every_turn_records_the_version_that_served_it(gym_venv: object, tmp_pat
             seed = 0
             while not stop.wait(0.3):
                 seed += 1
-                perturb(model, seed)
+                perturb(model, seed, scale=0.2)
                 version = sync.sync(model).version
                 published.append((time.monotonic(), version))
 

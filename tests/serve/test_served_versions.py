@@ -4,7 +4,6 @@ says so (real HTTP on loopback, the tiny model, real LoRA weights through ``Lora
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,33 +19,13 @@ from nemogym_sdk.wire import (
     policy_version_envelope,
     read_policy_version,
 )
+from tests.lora_models import perturb, tiny_lora
 
 from .conftest import make_server
 
 pytest.importorskip("peft")
 
 QUESTION = {"role": "user", "content": "Say something."}
-
-
-def lora_model() -> Any:
-    from peft import LoraConfig, get_peft_model
-
-    from nemogym_sdk.serve.tiny import build_tiny_model
-
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", ".*is_gradient_checkpointing", FutureWarning)
-        return get_peft_model(build_tiny_model(0), config)
-
-
-def perturb(model: Any, seed: int) -> None:
-    import torch
-
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
 
 
 def ask(server: Any, messages: list[dict[str, Any]]) -> tuple[int | None, list[float]]:
@@ -89,7 +68,7 @@ def versions_server(request: pytest.FixtureRequest) -> Iterator[Any]:
 def test_pinned_episodes_finish_on_the_version_they_started_on(
     versions_server: Any, tmp_path: Path
 ) -> None:
-    model = lora_model()
+    model = tiny_lora()
     sync = LoraSync(versions_server.base_url, "policy", tmp_path, keep=4)
     sync.initialize(model)
     first_turns = {}
@@ -123,7 +102,7 @@ def test_pinned_episodes_finish_on_the_version_they_started_on(
 
 @pytest.mark.parametrize("versions_server", ["in_flight"], indirect=True)
 def test_in_flight_turns_move_to_the_newest_version(versions_server: Any, tmp_path: Path) -> None:
-    model = lora_model()
+    model = tiny_lora()
     sync = LoraSync(versions_server.base_url, "policy", tmp_path)
     sync.initialize(model)
     perturb(model, seed=1)
@@ -136,7 +115,7 @@ def test_one_version_per_name_reloads_in_place_and_still_says_which(tmp_path: Pa
     """The default (``--adapter-versions 1``): today's in-place reload, now versioned."""
     server = make_server("scripted", tool_turns=0)
     try:
-        model = lora_model()
+        model = tiny_lora()
         sync = LoraSync(server.base_url, "policy", tmp_path)
         sync.initialize(model)
         assert ask(server, [QUESTION])[0] == 0
@@ -169,7 +148,7 @@ def test_tokenize_knows_a_versioned_name(versions_server: Any, tmp_path: Path) -
     """NeMo Gym's model server calls /tokenize with the adapter's name; with versions kept
     side by side the name is not a slot of its own, and still answers."""
     sync = LoraSync(versions_server.base_url, "policy", tmp_path)
-    sync.initialize(lora_model())
+    sync.initialize(tiny_lora())
     body = {"model": "policy", "messages": [QUESTION], "add_generation_prompt": True}
     response = requests.post(f"{versions_server.url}/tokenize", json=body, timeout=30)
     assert response.status_code == 200, response.text
@@ -188,7 +167,7 @@ def test_a_load_goes_before_queued_generations(tmp_path: Path) -> None:
     server = make_server("scripted", tool_turns=0)
     try:
         sync = LoraSync(server.base_url, "policy", tmp_path, keep=3)
-        model = lora_model()
+        model = tiny_lora()
         sync.initialize(model)
         done: list[str] = []
         lock = threading.Lock()

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,9 +27,8 @@ REPO = Path(__file__).resolve().parents[2]
 MISMATCH_MAX = 1e-4
 
 
-def test_trainer_with_the_vllm_backend(vllm_venv: object, tmp_path: Path) -> None:
-    """3 steps: every rollout OK and 3 turns long, the served adapter version advances every
-    step, and the sampler-learner mismatch stays under the bound."""
+def run_demo(tmp_path: Path, *flags: str) -> tuple[Path, list[dict[str, Any]]]:
+    """``examples/demo.yaml`` (the vLLM backend) with ``flags``; its out and metrics."""
     from nemogym_sdk.gym import GymVenvNotFoundError, find_gym_venv
 
     try:
@@ -37,12 +37,18 @@ def test_trainer_with_the_vllm_backend(vllm_venv: object, tmp_path: Path) -> Non
         absent(f"NeMo Gym venv absent: {exc}")
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "nemogym_sdk.train", "--config", "examples/demo.yaml"]
-    argv += ["--steps", "3", "--rows-per-step", "2", "--out", str(out)]
+    argv += ["--rows-per-step", "2", "--out", str(out), *flags]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     logs = "".join(f"--- {p}\n{p.read_text()[-2000:]}\n" for p in out.glob("logs/*.log"))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:] + logs
-    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return out, [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_trainer_with_the_vllm_backend(vllm_venv: object, tmp_path: Path) -> None:
+    """3 steps: every rollout OK and 3 turns long, the served adapter version advances every
+    step, and the sampler-learner mismatch stays under the bound."""
+    out, steps = run_demo(tmp_path, "--steps", "3")
     print("steps:", [(s["reward_mean"], s["mismatch_max"], s["step_s"]) for s in steps])
     assert [s["adapter_version"] for s in steps] == [1, 2, 3]
     for step in steps:
@@ -56,21 +62,7 @@ def test_async_trainer_with_the_vllm_backend(vllm_venv: object, tmp_path: Path) 
     its own (``--max-loras 3``), every turn reports the version that generated it, and no
     token is more than one version stale; tokens of the current version (step 0: all of
     them) match the learner to the bound."""
-    from nemogym_sdk.gym import GymVenvNotFoundError, find_gym_venv
-
-    try:
-        find_gym_venv()
-    except GymVenvNotFoundError as exc:
-        absent(f"NeMo Gym venv absent: {exc}")
-    out = tmp_path / "run"
-    argv = [sys.executable, "-m", "nemogym_sdk.train", "--config", "examples/demo.yaml"]
-    argv += ["--steps", "4", "--rows-per-step", "2", "--out", str(out)]
-    argv += ["--mode", "async", "--max-staleness", "1"]
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    logs = "".join(f"--- {p}\n{p.read_text()[-2000:]}\n" for p in out.glob("logs/*.log"))
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:] + logs
-    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    _, steps = run_demo(tmp_path, "--steps", "4", "--mode", "async", "--max-staleness", "1")
     print("steps:", [(s["staleness"], s["mismatch_max"], s["step_s"]) for s in steps])
     assert [s["adapter_version"] for s in steps] == [1, 2, 3, 4]
     for step in steps:
