@@ -273,7 +273,7 @@ def test_bad_settings_are_config_errors(kwargs: dict[str, Any], message: str) ->
 
 def test_cut_stragglers_hands_a_due_group_out_once_two_are_ok(serve: Any) -> None:
     """One episode of the group stalls: with cut_stragglers the step does not wait for its
-    deadline; the straggler comes out as a TIMEOUT failure saying why, in its place."""
+    deadline; what was still playing comes out as TIMEOUT failures saying why, in place."""
     agent = Agent({"t0": [0.01, 0.01, 0.01, STALL_S]})
     client = serve(agent)
     with client, RolloutEngine(
@@ -283,12 +283,14 @@ def test_cut_stragglers_hands_a_due_group_out_once_two_are_ok(serve: Any) -> Non
         played = engine.next_step(timeout=2 * STALL_S)
         assert played.waited_s < STALL_S / 2  # not the stall's length
         (group,) = played.groups
-        assert [r.status for r in group.rollouts] == [RolloutStatus.OK] * 3 + [
-            RolloutStatus.TIMEOUT
-        ]
-        cut = group.rollouts[3]
-        assert cut.error is not None and cut.error.startswith("cut: still playing")
-        assert (cut.row_id, cut.repeat_index) == ("t0", 3)
-        assert played.metrics()["engine_cut_episodes"] == 1.0
+        assert group.ok >= 2  # handed out as soon as two were OK
+        cut = [r for r in group.rollouts if not r.ok]
+        assert 1 <= len(cut) <= 2  # the stall, and perhaps a fast one not done yet
+        for rollout in cut:
+            assert rollout.status is RolloutStatus.TIMEOUT
+            assert rollout.error is not None and rollout.error.startswith("cut: still playing")
+            assert rollout.row_id == "t0" and rollout.repeat_index is not None
+        assert sorted(r.repeat_index for r in group.rollouts) == [0, 1, 2, 3]  # type: ignore[type-var]
+        assert played.metrics()["engine_cut_episodes"] == float(len(cut))
         engine.publish(1)
         assert engine.next_step(timeout=STALL_S).groups[0].index == 1  # the engine goes on

@@ -1,6 +1,6 @@
 """The version channel through real NeMo Gym: per model turn, the adapter version the
 rollout records is the one the sampler served, while new versions are published in the
-middle of episodes (``nemogym_sdk.serve`` keeps 3 side by side, pinned; ``target_chars``
+middle of episodes (``nemogym_sdk.serve`` keeps 8 side by side, pinned; ``target_chars``
 plays three model turns per episode through NeMo Gym's own model server and agent)."""
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ from tests.lora_models import perturb, tiny_lora
 
 pytestmark = [pytest.mark.gym, pytest.mark.slow]
 
+KEPT = 8
+"""Adapter versions the sampler keeps side by side (an episode spans a few publishes)."""
+
 
 def test_every_turn_records_the_version_that_served_it(gym_venv: object, tmp_path: Path) -> None:
     """Episodes play while a thread publishes a new adapter every 0.3 s. Each turn's
@@ -26,7 +29,7 @@ def test_every_turn_records_the_version_that_served_it(gym_venv: object, tmp_pat
     turn's token ids); pinned, an episode keeps its first turn's version; and some episodes
     did span a publish."""
     record = tmp_path / "served.jsonl"
-    extra = ["--adapter-versions", "3", "--version-policy", "pinned", "--record", str(record)]
+    extra = ["--adapter-versions", str(KEPT), "--version-policy", "pinned", "--record", str(record)]
     model = tiny_lora()
     with (
         start_serve(
@@ -35,7 +38,7 @@ def test_every_turn_records_the_version_that_served_it(gym_venv: object, tmp_pat
         GymStack(
             ["target_chars"], sampler.policy_model("policy"), workdir=tmp_path / "gym"
         ) as stack,
-        LoraSync(sampler.base_url, "policy", tmp_path / "adapters", keep=4) as sync,
+        LoraSync(sampler.base_url, "policy", tmp_path / "adapters", keep=KEPT) as sync,
         AgentClient(stack.directory, sampling=SamplingParams(temperature=1.0)) as client,
     ):
         sync.initialize(model)
@@ -71,7 +74,8 @@ def test_every_turn_records_the_version_that_served_it(gym_venv: object, tmp_pat
         for turn in result.turns:
             key = turn_key(turn.prompt_ids.tolist(), turn.generation_ids.tolist())  # type: ignore[union-attr]
             assert served[key]["version"] == turn.version  # what the sampler says it ran
-        assert len(set(recorded)) == 1, recorded  # pinned: the version it started on
+        # pinned: the version it started on, for as long as the sampler keeps it
+        assert all(v == recorded[0] or v >= recorded[0] + KEPT for v in recorded), recorded
         last = max(
             float(served[turn_key(t.prompt_ids.tolist(), t.generation_ids.tolist())]["time"])  # type: ignore[union-attr,arg-type]
             for t in result.turns
