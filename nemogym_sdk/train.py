@@ -347,8 +347,6 @@ def learn(
     began = time.perf_counter()
     batch = collate(played, pad_token_id=setup.pad)
     advantages = compute_advantages(batch)
-    # the version of the weights this step starts from, against which tokens are stale
-    learner_version = ranks.on_main(lambda: None if sync is None else sync.version)
     collated = time.perf_counter()
     result = train_step(
         model,
@@ -364,6 +362,8 @@ def learn(
     # next rollouts
     version = ranks.on_main(lambda: None if sync is None else sync.sync(model).version)
     synced = time.perf_counter()
+    # the weights this step started from are the version before the one it published
+    learner_version = None if version is None else version - 1
     stats = RolloutStats.merge(
         ranks.gather(RolloutStats.of(batch, advantages, learner_version=learner_version))
     )

@@ -25,7 +25,6 @@ from aiohttp import web
 from nemogym_sdk.serve.engine import ServeEngine
 from nemogym_sdk.serve.engine import load_version as load_version_of
 from nemogym_sdk.serve.errors import BadRequestError, ServeError, UpstreamError
-from nemogym_sdk.serve.protocol import model_card
 from nemogym_sdk.serve.versions import version_cards
 from nemogym_sdk.serve.vllm_backend import VllmBackend
 from nemogym_sdk.serve.vllm_backend import error_message as vllm_error
@@ -74,27 +73,10 @@ def add_proxy_routes(app: web.Application, engine: ServeEngine, proxy: VllmBacke
                 card["id"] = ours
             if card.get("parent") == theirs:
                 card["parent"] = ours
-        listing["data"] = version_cards(listing.get("data") or [], engine.versions, card_for)
+        listing["data"] = version_cards(
+            listing.get("data") or [], engine.versions, engine.adapter_card
+        )
         return _json(listing)
-
-    def card_for(name: str, root: str) -> dict[str, Any]:
-        return model_card(name, root=root, parent=engine.served_model_name, max_model_len=None)
-
-    async def vllm_lora(route: str, body: dict[str, Any]) -> None:
-        status, raw, _ = await proxy.forward("POST", route, orjson.dumps(body))
-        if status >= 400:
-            message, err_type, param = vllm_error(status, raw)
-            raise UpstreamError(message, status=status, err_type=err_type, param=param)
-
-    async def load_version(name: str, path: str, version: int) -> web.StreamResponse:
-        """Load one version into its own vLLM adapter slot, then unload what it evicts."""
-        loading = engine.versions.plan(name, version)
-        body = {"lora_name": loading.slot, "lora_path": path, "load_inplace": loading.replace}
-        await vllm_lora("/v1/load_lora_adapter", body)
-        for slot in loading.evict:
-            await vllm_lora("/v1/unload_lora_adapter", {"lora_name": slot})
-        engine.versions.commit(name, version, path, loading)
-        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
 
     def get_route(path: str) -> Any:
         async def handler(request: web.Request) -> web.StreamResponse:
@@ -102,29 +84,11 @@ def add_proxy_routes(app: web.Application, engine: ServeEngine, proxy: VllmBacke
 
         return handler
 
+    adapters = _VllmAdapters(engine, proxy)
+
     def lora_route(path: str) -> Any:
         async def handler(request: web.Request) -> web.StreamResponse:
-            raw = await request.read()
-            body = orjson.loads(raw) if raw else None
-            name = body.get("lora_name") if isinstance(body, dict) else None
-            if path.endswith("/load_lora_adapter") and isinstance(body, dict):
-                if name is not None and name == engine.served_model_name:
-                    raise BadRequestError(
-                        f"The lora adapter name '{name}' conflicts with a served base model.",
-                        param="lora_name",
-                        err_type="InvalidUserInput",
-                    )
-                version = load_version_of(body)
-                if version is not None and isinstance(name, str):
-                    return await load_version(name, str(body.get("lora_path")), version)
-            if isinstance(name, str):  # a plain load or an unload ends the versioned name
-                slots = [s for s in engine.versions.forget(name) if s != name]
-                for slot in slots:
-                    await vllm_lora("/v1/unload_lora_adapter", {"lora_name": slot})
-                if slots and path.endswith("/unload_lora_adapter"):
-                    removed = f"Success: LoRA adapter '{name}' removed successfully."
-                    return web.Response(text=removed)
-            return _passthrough(*await proxy.forward("POST", path, raw))
+            return await adapters.handle(path, await request.read())
 
         return handler
 
@@ -150,6 +114,53 @@ def add_proxy_routes(app: web.Application, engine: ServeEngine, proxy: VllmBacke
         app.router.add_post(path, lora_route(path))
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
+
+
+class _VllmAdapters:
+    """``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` through the proxy: a
+    versioned load gets a vLLM adapter slot of its own (``ServedVersions``), anything else is
+    forwarded to vLLM."""
+
+    def __init__(self, engine: ServeEngine, proxy: VllmBackend) -> None:
+        self.engine, self.proxy = engine, proxy
+
+    async def handle(self, path: str, raw: bytes) -> web.StreamResponse:
+        body = orjson.loads(raw) if raw else None
+        name = body.get("lora_name") if isinstance(body, dict) else None
+        if path.endswith("/load_lora_adapter") and isinstance(body, dict):
+            if name is not None and name == self.engine.served_model_name:
+                raise BadRequestError(
+                    f"The lora adapter name '{name}' conflicts with a served base model.",
+                    param="lora_name",
+                    err_type="InvalidUserInput",
+                )
+            version = load_version_of(body)
+            if version is not None and isinstance(name, str):
+                return await self._load_version(name, str(body.get("lora_path")), version)
+        if isinstance(name, str):  # a plain load or an unload ends the versioned name
+            slots = [s for s in self.engine.versions.forget(name) if s != name]
+            for slot in slots:
+                await self._post("/v1/unload_lora_adapter", {"lora_name": slot})
+            if slots and path.endswith("/unload_lora_adapter"):
+                return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
+        return _passthrough(*await self.proxy.forward("POST", path, raw))
+
+    async def _post(self, route: str, body: dict[str, Any]) -> None:
+        status, raw, _ = await self.proxy.forward("POST", route, orjson.dumps(body))
+        if status >= 400:
+            message, err_type, param = vllm_error(status, raw)
+            raise UpstreamError(message, status=status, err_type=err_type, param=param)
+
+    async def _load_version(self, name: str, path: str, version: int) -> web.StreamResponse:
+        """Load one version into its own vLLM adapter slot, then unload what it evicts."""
+        versions = self.engine.versions
+        loading = versions.plan(name, version)
+        body = {"lora_name": loading.slot, "lora_path": path, "load_inplace": loading.replace}
+        await self._post("/v1/load_lora_adapter", body)
+        for slot in loading.evict:
+            await self._post("/v1/unload_lora_adapter", {"lora_name": slot})
+        versions.commit(name, version, path, loading)
+        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
 
 
 async def check_logprobs_mode(engine: ServeEngine, proxy: VllmBackend) -> None:
