@@ -147,11 +147,6 @@ class ServedVersions:
         with self._lock:
             return {name: list(held) for name, held in self._versions.items()}
 
-    def is_slot(self, slot: str) -> bool:
-        """Whether ``slot`` holds a version (so it is not a public name of its own)."""
-        with self._lock:
-            return any(v.slot == slot for held in self._versions.values() for v in held)
-
     def resolve(
         self, requested: str | None, messages: Sequence[Mapping[str, Any]]
     ) -> ServedVersion | None:
