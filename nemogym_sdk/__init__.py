@@ -59,7 +59,12 @@ if TYPE_CHECKING:
         install_lora_sync,
         probe_lora_support,
     )
-    from nemogym_sdk.rollout_engine import EngineStalledError, EngineStep, RolloutEngine
+    from nemogym_sdk.rollout_engine import (
+        EngineClosedError,
+        EngineStalledError,
+        EngineStep,
+        RolloutEngine,
+    )
     from nemogym_sdk.verify import (
         Verifier,
         VerifyItem,
@@ -75,6 +80,7 @@ _LAZY = {
     "AgentClient": "nemogym_sdk.client",
     "RawRun": "nemogym_sdk.client",
     "ServerDirectory": "nemogym_sdk.directory",
+    "EngineClosedError": "nemogym_sdk.rollout_engine",
     "EngineStalledError": "nemogym_sdk.rollout_engine",
     "EngineStep": "nemogym_sdk.rollout_engine",
     "RolloutEngine": "nemogym_sdk.rollout_engine",
@@ -115,6 +121,7 @@ __all__ = [
     "DiscoveryError",
     "DriftError",
     "DriftPolicy",
+    "EngineClosedError",
     "EngineStalledError",
     "EngineStep",
     "LoraSync",

@@ -24,6 +24,7 @@ that defines each class outside this one (a test checks that this drawing lists 
     ├── DeadlineError(TimeoutError)            a connect, request or total deadline passed
     │   └── NotReadyError                      servers did not become ready in time
     │       └── ServerNotReadyError            gym.errors: one local server, with its log
+    ├── EngineClosedError(RuntimeError)        rollout_groups: a step asked of a closed engine
     ├── ServerStartError(RuntimeError)         gym.errors: a local server exited at start-up
     │   └── RequirementsInstallError           gym.errors: its requirements failed to install
     ├── ServeError                             serve.errors: answered as an OpenAI error body

@@ -51,6 +51,7 @@ from nemogym_sdk.client import AgentClient
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.records import ParseOptions, Rollout, RolloutRequest, RolloutStatus, TaskRow
 from nemogym_sdk.rollout_groups import (
+    EngineClosedError,
     EngineStalledError,
     EngineStep,
     Group,
@@ -62,6 +63,7 @@ from nemogym_sdk.rollout_groups import (
 from nemogym_sdk.turns import stamp
 
 __all__ = [
+    "EngineClosedError",
     "EngineStalledError",
     "EngineStep",
     "Group",
@@ -190,12 +192,17 @@ class RolloutEngine:
             self._cond.notify_all()
         self._poke()
 
-    def next_step(self, timeout: float | None = None) -> EngineStep:
+    def next_step(
+        self, timeout: float | None = None, *, wait_for_publish: bool = False
+    ) -> EngineStep:
         """Block until a step's groups are ready (the overdue ones finished); hand them out.
 
         Raises the error that stopped a group (a row that cannot be sent, an unknown
         agent), ``EngineStalledError`` when the pacing can never fill the step (too few
-        `publish` calls), or ``TimeoutError`` after ``timeout`` seconds.
+        `publish` calls), ``EngineClosedError`` when the engine is closed while it waits, or
+        ``TimeoutError`` after ``timeout`` seconds. With ``wait_for_publish`` a step the
+        pacing cannot fill yet waits for the next `publish` instead (the learner publishes
+        from another thread, e.g. a trainer callback, while this one prefetches).
         """
         if self._loop is None:
             raise ConfigError("start() the RolloutEngine first")
@@ -204,7 +211,12 @@ class RolloutEngine:
             while not self._ready():
                 if self._error is not None:
                     raise self._error
-                if self._stalled():
+                if self._closing:
+                    raise EngineClosedError(
+                        f"the rollout engine was closed while step {self._steps} waited for "
+                        "its groups"
+                    )
+                if self._stalled() and not wait_for_publish:
                     raise EngineStalledError(
                         f"step {self._steps} needs {self.groups_per_step} groups but "
                         f"{len(self._finished)} are finished, none is playing, and "

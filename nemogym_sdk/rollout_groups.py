@@ -4,7 +4,8 @@
   the engine's exact schedule: ``benchmarks/sim_async.py``);
 - ``Group``: one row played ``num_generations`` times; ``EngineStep``: a step's groups and
   how the sampler side fared; ``Leftover``: what ``close`` left untrained;
-- ``EngineStalledError``: a step the pacing can never fill;
+- ``EngineStalledError``: a step the pacing can never fill; ``EngineClosedError``: a step
+  asked of a closed engine;
 - ``Occupancy``: episodes in flight over time, between two hand-outs.
 """
 
@@ -14,10 +15,11 @@ import time
 
 import attrs
 
-from nemogym_sdk.errors import ConfigError
+from nemogym_sdk.errors import ConfigError, NemoGymError
 from nemogym_sdk.records import Rollout, TaskRow
 
 __all__ = [
+    "EngineClosedError",
     "EngineStalledError",
     "EngineStep",
     "Group",
@@ -42,6 +44,10 @@ def is_due(started_on: int, step: int, max_staleness: int) -> bool:
 
 class EngineStalledError(ConfigError):
     """The pacing allows no new group and too few are playing or finished for a step."""
+
+
+class EngineClosedError(NemoGymError, RuntimeError):
+    """A step was asked of an engine that is closed (or was closed while it waited)."""
 
 
 @attrs.frozen(kw_only=True)

@@ -285,7 +285,7 @@ def servers(
                 )
             )
             sync.initialize(model, require_zero=not config.resume)  # before the first rollout
-            check_versions_kept(sync, config, base_url)
+            check_versions_kept(sync, config)
             syncs.append(sync)
             return found
 
@@ -296,25 +296,11 @@ def servers(
 # --- 5. checks ----------------------------------------------------------------------------
 
 
-def check_versions_kept(sync: LoraSync, config: TrainConfig, base_url: str) -> None:
+def check_versions_kept(sync: LoraSync, config: TrainConfig) -> None:
     """Async mode: the sampler must keep ``max_staleness + 2`` adapter versions loaded and
     report the version of every turn (``nemogym_sdk.serve``, alone or in front of vLLM)."""
-    if config.mode != "async":
-        return
-    kept = sync.versions_kept()
-    if kept is None:
-        raise ConfigError(
-            f"--mode async needs a sampler that reports the adapter version of every turn and "
-            f"keeps versions side by side; {base_url} does not (vLLM alone does not): attach "
-            "to nemogym_sdk.serve (in front of vLLM with --backend vllm), or drop backend_url"
-        )
-    if kept < config.adapter_versions:
-        raise ConfigError(
-            f"the sampler at {base_url} keeps {kept} version(s) of adapter "
-            f"{config.adapter_name!r}; --max-staleness {config.max_staleness} needs "
-            f"{config.adapter_versions}: start it with --adapter-versions "
-            f"{config.adapter_versions}"
-        )
+    if config.mode == "async":
+        sync.require_versions_kept(config.adapter_versions)
 
 
 def check_lengths(rows: Sequence[TaskRow], tokenizer: Any, config: TrainConfig) -> None:

@@ -162,6 +162,7 @@ SURFACE: dict[str, set[str]] = {
         "DiscoveryError",
         "DriftError",
         "DriftPolicy",
+        "EngineClosedError",
         "EngineStalledError",
         "EngineStep",
         "LoraSync",

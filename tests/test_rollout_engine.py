@@ -255,6 +255,31 @@ def test_a_step_that_can_never_fill_says_publish(serve: Any) -> None:
         assert engine.next_step(timeout=5).groups[0].index == 1
 
 
+def test_wait_for_publish_waits_for_another_threads_publish_and_close_ends_the_wait(
+    serve: Any,
+) -> None:
+    """A learner that publishes from another thread (a trainer callback) while this one
+    prefetches: the step waits for the publish instead of calling it a stall; closing the
+    engine ends a wait with ``EngineClosedError``, never a hang."""
+    from nemogym_sdk import EngineClosedError
+
+    client = serve(Agent({"t0": [0.01]}))
+    with client:
+        engine = RolloutEngine(
+            client, rows(1), eos_token_id=EOS, num_generations=2, groups_per_step=1
+        ).start()
+        engine.next_step()
+        threading.Timer(0.3, engine.publish, args=(1,)).start()
+        began = time.monotonic()
+        step = engine.next_step(timeout=10, wait_for_publish=True)
+        assert step.groups[0].index == 1 and time.monotonic() - began >= 0.25
+        with pytest.raises(TimeoutError):
+            engine.next_step(timeout=0.2, wait_for_publish=True)
+        threading.Timer(0.3, engine.close).start()
+        with pytest.raises(EngineClosedError, match="closed while step 2 waited"):
+            engine.next_step(timeout=10, wait_for_publish=True)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

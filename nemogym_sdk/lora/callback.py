@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,8 @@ class LoraSyncCallback(TrainerCallback):
         require_zero: version 0 must be the zero adapter (see ``LoraSync.initialize``).
         log_path: if set, each step's publish is a JSON line there (``step``, ``version``,
             the ``served_version`` read back from ``/v1/models``, ``seconds``).
+        on_publish: called on every rank with each version published after a step (e.g.
+            ``RolloutEngine.publish``, so episodes paced by the staleness bound may start).
     """
 
     def __init__(
@@ -60,8 +63,10 @@ class LoraSyncCallback(TrainerCallback):
         deployment: ServerDirectory | None = None,
         require_zero: bool = True,
         log_path: str | Path | None = None,
+        on_publish: Callable[[int], None] | None = None,
     ) -> None:
         self.sync = sync
+        self.on_publish = on_publish
         self.deployment = deployment
         self.require_zero = require_zero
         self.log_path = Path(log_path) if log_path is not None else None
@@ -80,13 +85,13 @@ class LoraSyncCallback(TrainerCallback):
         if sync.version is None:
             self.records.append(sync.initialize(model, require_zero=self.require_zero))
 
-    def _publish(self, model: Any, step: int) -> None:
+    def _publish(self, model: Any, step: int) -> int:
         sync = self._main_sync()
         began = time.perf_counter()
         record = sync.sync(model)
         self.records.append(record)
         if self.log_path is None:
-            return
+            return record.version
         served = sync.served_version()
         if served != record.version:
             raise LoraSyncError(
@@ -102,6 +107,7 @@ class LoraSyncCallback(TrainerCallback):
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("a") as handle:
             handle.write(json.dumps(line) + "\n")
+        return record.version
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         model = kwargs.get("model")
@@ -109,4 +115,8 @@ class LoraSyncCallback(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         model, step = kwargs.get("model"), int(state.global_step)
-        ranks.on_main(lambda: self._publish(model, step), is_main=bool(state.is_world_process_zero))
+        version = ranks.on_main(
+            lambda: self._publish(model, step), is_main=bool(state.is_world_process_zero)
+        )
+        if self.on_publish is not None:
+            self.on_publish(version)

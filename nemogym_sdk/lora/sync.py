@@ -262,6 +262,25 @@ class LoraSync:
         kept = None if card is None else card.get(CARD_VERSIONS_KEPT_FIELD)
         return kept if isinstance(kept, int) and not isinstance(kept, bool) else None
 
+    def require_versions_kept(self, count: int) -> None:
+        """Raise ``ConfigError`` unless the server keeps ``count`` versions of the adapter
+        side by side and reports the version of every answer (what asynchronous training
+        with ``max_staleness = count - 2`` needs: ``nemogym_sdk.serve --adapter-versions``,
+        alone or in front of vLLM)."""
+        kept = self.versions_kept()
+        if kept is None:
+            raise ConfigError(
+                f"asynchronous training needs a sampler that reports the adapter version of "
+                f"every turn and keeps versions side by side; {self.base_url} does not (vLLM "
+                "alone does not): put nemogym_sdk.serve in front of it (--backend vllm)"
+            )
+        if kept < count:
+            raise ConfigError(
+                f"the sampler at {self.base_url} keeps {kept} version(s) of adapter "
+                f"{self.adapter_name!r}; a staleness bound of {count - 2} needs {count}: start "
+                f"it with --adapter-versions {count}"
+            )
+
     def close(self) -> None:
         """Close the HTTP session, if this object created it."""
         if self._owns_session:

@@ -10,18 +10,23 @@ an error); the producer plays the rows through a real ``AgentClient``.
 
 from __future__ import annotations
 
+import concurrent.futures
+import copy
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from nemogym_sdk import AgentClient
 from nemogym_sdk.adapters.axolotl import NemoGymSettings, nemo_gym_env_reward
 from nemogym_sdk.adapters.axolotl.dataset import build_dataset
-from nemogym_sdk.adapters.axolotl.producer import NemoGymDataProducer
+from nemogym_sdk.adapters.axolotl.producer import VERSION_COLUMN, NemoGymDataProducer, Pacing
 from nemogym_sdk.adapters.axolotl.schedule import GroupSchedule
-from tests.fakes import agent_server
+from nemogym_sdk.wire import ROUTED_EXPERTS, policy_version_envelope
+from tests.fakes import FakeServer, agent_server, serve
 from tests.test_seed_contract import AGENT_RESPONSE
 
 FAILURE = {"error": "Connection timeout", "response": {"output": []}, "reward": 0.0}
@@ -123,3 +128,99 @@ def test_unknown_agent_in_a_row_raises_before_anything_is_sent(tmp_path: Path) -
         with pytest.raises(UnknownAgentError, match="nope"):
             producer.rollout_data(global_step=0)
         assert agent.bodies == []
+
+
+class VersionedAgent:
+    """``/run`` answers the seed's two-turn result, each turn tagged with the adapter version
+    the sampler serves now (``version``, moved by the test as a trainer's syncs would)."""
+
+    def __init__(self) -> None:
+        self.version = 0
+
+    def answer(self) -> dict[str, Any]:
+        answer = copy.deepcopy(AGENT_RESPONSE)
+        for item in answer["response"]["output"]:
+            if item.get("generation_token_ids"):
+                item[ROUTED_EXPERTS] = policy_version_envelope(self.version)
+        return answer
+
+    def routes(self, server: FakeServer) -> list[web.RouteDef]:
+        async def run(request: web.Request) -> web.Response:
+            server.record(request, await request.json())
+            return web.json_response(self.answer())
+
+        return [web.post("/run", run)]
+
+
+def _paced(client: AgentClient, dataset: Any, log: Path, staleness: int) -> NemoGymDataProducer:
+    return NemoGymDataProducer(
+        client=client,
+        dataset=dataset,
+        schedule=GroupSchedule(num_rows=len(dataset), rows_per_rank=1, seed=0),
+        num_generations=2,
+        config=None,
+        eos_token_id=2,
+        pad_token_id=0,
+        log_path=log,
+        pacing=Pacing(max_staleness=staleness, episode_timeout=30, publish_timeout=30),
+    )
+
+
+def test_paced_producer_hands_out_engine_groups_with_their_staleness(tmp_path: Path) -> None:
+    """``nemo_gym_max_staleness: 1``: the engine plays a batch ahead, so the second and later
+    batches were sampled by the version before the learner's; every batch's log line says
+    so (the staleness of its 14 policy tokens), never more than one version behind, and
+    each rollout's record carries the version that sampled it."""
+    dataset = _dataset(tmp_path, 3)
+    sampler = VersionedAgent()
+    log = tmp_path / "log.jsonl"
+    with serve(sampler.routes) as agent, AgentClient({"wordle": agent.url}) as client:
+        producer = _paced(client, dataset, log, staleness=1)
+        versions = []
+        try:
+            for step in range(4):
+                data = producer.rollout_data(global_step=10 + step)  # a resumed run: step 10
+                versions.append([row[VERSION_COLUMN] for row in data["_deferred_inputs"]])
+                sampler.version = step + 1  # the trainer's LoraSyncCallback, after the step
+                producer.published(step + 1)
+        finally:
+            producer.close()
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [line["step"] for line in lines] == [10, 11, 12, 13]
+    staleness = [line["staleness"] for line in lines]
+    assert staleness[0] == {"0": 14}
+    assert all(set(s) <= {"0", "1"} and sum(s.values()) == 14 for s in staleness)
+    assert any("1" in s for s in staleness[1:])
+    for step, (line, used) in enumerate(zip(lines, versions, strict=True)):
+        assert line["unversioned_tokens"] == 0 and line["engine_group_age_max"] <= 1
+        assert all(step - 1 <= v <= step for v in used), (step, used)
+    assert len(agent.bodies) >= 8  # every batch played, and the engine ran ahead
+
+
+def test_paced_producer_waits_for_the_next_version_and_close_ends_the_wait(
+    tmp_path: Path,
+) -> None:
+    """``nemo_gym_max_staleness: 0`` with axolotl's background prefetch: the next batch's
+    produce waits until the callback publishes the version that trains it (it does not
+    play ahead of the bound), and closing the producer at the end of training ends a wait
+    with ``EngineClosedError`` instead of leaving a thread blocked."""
+    from nemogym_sdk import EngineClosedError
+
+    dataset = _dataset(tmp_path, 3)
+    sampler = VersionedAgent()
+    with serve(sampler.routes) as agent, AgentClient({"wordle": agent.url}) as client:
+        producer = _paced(client, dataset, tmp_path / "log.jsonl", staleness=0)
+        producer.rollout_data(global_step=0)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            ahead = pool.submit(producer.rollout_data, 1)
+            time.sleep(0.5)
+            assert not ahead.done() and len(agent.bodies) == 2  # nothing played ahead
+            sampler.version = 1
+            producer.published(1)
+            data = ahead.result(timeout=30)
+            assert {row[VERSION_COLUMN] for row in data["_deferred_inputs"]} == {1}
+            waiting = pool.submit(producer.rollout_data, 2)
+            time.sleep(0.3)
+            producer.close()
+            with pytest.raises(EngineClosedError):
+                waiting.result(timeout=30)

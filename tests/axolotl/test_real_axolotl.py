@@ -59,13 +59,10 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-@pytest.mark.gym
-@pytest.mark.slow
-def test_axolotl_trains_with_the_plugin_against_real_nemo_gym(tmp_path: Path) -> None:
-    """axolotl loads the plugin from the YAML; 3 optimizer steps run, each on 8 rollouts (2
-    rows x 4) that NeMo Gym's target_chars agent played for 3 turns; after every step the
-    sampler serves the next adapter version; the trainer ran with 0 dataloader workers and
-    one NeMo Gym reward."""
+def _train(tmp_path: Path, config: Path, versions: int) -> tuple[str, Path, list[Any]]:
+    """Run ``axolotl train config`` against real NeMo Gym (target_chars) and
+    ``nemogym_sdk.serve`` keeping ``versions`` adapter versions; (its output, its output
+    directory, the sampler's model cards at the end)."""
     from nemogym_sdk.gym import GymStack, GymVenvNotFoundError, find_gym_venv, start_serve
     from nemogym_sdk.serve.tiny import save_tiny
 
@@ -76,7 +73,11 @@ def test_axolotl_trains_with_the_plugin_against_real_nemo_gym(tmp_path: Path) ->
     model_dir = save_tiny(tmp_path / "model", seed=0)
     out = tmp_path / "out"
     with start_serve(
-        mode="sample", logprobs_mode="processed_logprobs", seed=0, log_path=tmp_path / "serve.log"
+        mode="sample",
+        logprobs_mode="processed_logprobs",
+        seed=0,
+        extra_args=["--adapter-versions", str(versions)],
+        log_path=tmp_path / "serve.log",
     ) as backend:
         policy = backend.policy_model("policy")
         with GymStack(
@@ -86,7 +87,7 @@ def test_axolotl_trains_with_the_plugin_against_real_nemo_gym(tmp_path: Path) ->
             env = _axolotl_env()
             env["NEMOGYM_HEAD_URL"] = stack.directory.head_url
             env["NEMOGYM_SAMPLER_URL"] = backend.base_url
-            argv = [str(AXOLOTL), "train", str(EXAMPLE), "--launcher", "python"]
+            argv = [str(AXOLOTL), "train", str(config), "--launcher", "python"]
             argv += [f"--base-model={model_dir}", f"--output-dir={out}"]
             argv += ["--dataloader-num-workers=4"]
             began = time.monotonic()
@@ -100,10 +101,13 @@ def test_axolotl_trains_with_the_plugin_against_real_nemo_gym(tmp_path: Path) ->
                     f"axolotl exited {done.returncode} after {seconds:.0f} s:\n{output[-6000:]}"
                 )
             models = requests.get(f"{backend.base_url}/models", timeout=10).json()["data"]
-
     print(f"axolotl train: {seconds:.1f} s")
-    assert "Plugin loaded successfully: nemogym_sdk.adapters.axolotl.NemoGymPlugin" in output
+    return output, out, models
 
+
+def _check_run(output: str, out: Path, models: list[Any]) -> list[dict[str, Any]]:
+    """What every agent-mode run must show; returns the rollout log's lines."""
+    assert "Plugin loaded successfully: nemogym_sdk.adapters.axolotl.NemoGymPlugin" in output
     startup = json.loads((out / "nemo_gym" / "startup.json").read_text())
     assert startup["trainer"] == "AxolotlAsyncGRPOTrainer"
     assert startup["data_producer"] == "NemoGymDataProducer"
@@ -126,6 +130,7 @@ def test_axolotl_trains_with_the_plugin_against_real_nemo_gym(tmp_path: Path) ->
         assert line["rollouts"] == 8 and line["groups"] == 2 and line["ok"] == 8
         assert line["agents"] == {"target_chars_agent": 8}
         assert line["turns_mean"] == 3.0  # target_chars plays three rounds
+        assert line["unversioned_tokens"] == 0  # the sampler said which version, every turn
     syncs = _jsonl(out / "nemo_gym" / "syncs.jsonl")
     print("syncs:", syncs)
     assert [(s["step"], s["version"], s["served_version"]) for s in syncs] == [
@@ -133,6 +138,38 @@ def test_axolotl_trains_with_the_plugin_against_real_nemo_gym(tmp_path: Path) ->
     ]
     served = {card["id"]: card.get("root") for card in models}
     assert str(served["policy"]).endswith(f"v{STEPS:06d}")
+    return rollouts
+
+
+@pytest.mark.gym
+@pytest.mark.slow
+def test_axolotl_trains_with_the_plugin_against_real_nemo_gym(tmp_path: Path) -> None:
+    """axolotl loads the plugin from the YAML; 3 optimizer steps run, each on 8 rollouts (2
+    rows x 4) that NeMo Gym's target_chars agent played for 3 turns; after every step the
+    sampler serves the next adapter version; the trainer ran with 0 dataloader workers and
+    one NeMo Gym reward. Each batch is played when asked: on the learner's own version."""
+    rollouts = _check_run(*_train(tmp_path, EXAMPLE, versions=1))
+    assert [line["staleness"] for line in rollouts] == [
+        {"0": line["policy_tokens"]} for line in rollouts
+    ]
+
+
+@pytest.mark.gym
+@pytest.mark.slow
+def test_axolotl_trains_asynchronously_from_the_rollout_engine(tmp_path: Path) -> None:
+    """The same YAML with ``nemo_gym_max_staleness: 1``: the producer draws whole groups from
+    a ``RolloutEngine`` that keeps playing while axolotl learns (the sampler keeps 3 adapter
+    versions); some batches were sampled one version behind the learner, none more, and
+    every turn's version came back from the sampler."""
+    config = tmp_path / "async.yaml"
+    config.write_text(EXAMPLE.read_text() + "\nnemo_gym_max_staleness: 1\n")
+    output, out, models = _train(tmp_path, config, versions=3)
+    rollouts = _check_run(output, out, models)
+    assert json.loads((out / "nemo_gym" / "startup.json").read_text())["max_staleness"] == 1
+    for line in rollouts:
+        assert set(line["staleness"]) <= {"0", "1"}, line["staleness"]
+        assert line["engine_group_age_max"] <= 1
+    assert any(line["staleness"].get("1", 0) > 0 for line in rollouts)
 
 
 def test_plugin_matches_axolotls_plugin_protocol() -> None:

@@ -191,3 +191,27 @@ def test_a_load_goes_before_queued_generations(tmp_path: Path) -> None:
         assert done.index("load") < 40, done  # not behind the whole queue
     finally:
         server.stop()
+
+
+def test_require_versions_kept_names_the_flag_that_fixes_it(tmp_path: Path) -> None:
+    """Asynchronous training checks at start that the sampler keeps ``K + 2`` versions: a
+    server keeping one is refused with the flag to fix it; one keeping three passes for K=1
+    and is refused for K=2."""
+    from nemogym_sdk import ConfigError
+    from nemogym_sdk.serve.versions import ServedVersions
+
+    one = make_server("scripted", tool_turns=0)
+    three = make_server("scripted", tool_turns=0, versions=ServedVersions(3, "pinned"))
+    try:
+        model = tiny_lora()
+        for server, directory in ((one, tmp_path / "one"), (three, tmp_path / "three")):
+            LoraSync(server.base_url, "policy", directory).initialize(model)
+        with pytest.raises(ConfigError, match=r"keeps 1 version.*--adapter-versions 3"):
+            LoraSync(one.base_url, "policy", tmp_path / "one").require_versions_kept(3)
+        sync = LoraSync(three.base_url, "policy", tmp_path / "three")
+        sync.require_versions_kept(3)
+        with pytest.raises(ConfigError, match=r"keeps 3 version.*needs 4"):
+            sync.require_versions_kept(4)
+    finally:
+        one.stop()
+        three.stop()

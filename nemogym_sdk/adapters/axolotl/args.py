@@ -54,6 +54,12 @@ class NemoGymArgs(BaseModel):
         default=None, description="Rollouts or verifications in flight at once"
     )
     nemo_gym_seed: int | None = Field(default=None, description="Row sampling seed (seed)")
+    nemo_gym_max_staleness: int | None = Field(
+        default=None, description="Asynchronous rollouts: adapter versions a group may lag"
+    )
+    nemo_gym_max_inflight: int | None = Field(
+        default=None, description="Asynchronous rollouts: episodes in flight per rank"
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -245,7 +245,7 @@ class NemoGymPlugin(AxolotlPluginHooks):
         from nemogym_sdk.lora.callback import LoraSyncCallback
 
         producer = _data_producer(settings, directory, trainer, output_dir)
-        self._closers.append(producer.client)
+        self._closers.append(producer)
         # axolotl 0.19's deferred scoring reads trainer.eos_token_id / trainer.pad_token_id,
         # which TRL's GRPOTrainer stopped defining (TRL 1.9 keeps them on its tokenizer):
         # without them the first batch fails with AttributeError. Supply them on this
@@ -256,13 +256,20 @@ class NemoGymPlugin(AxolotlPluginHooks):
         _install_producer(trainer, producer)
         # version 0 is already published (discovery); the callback publishes every step
         trainer.add_callback(
-            LoraSyncCallback(sync, log_path=output_dir / "nemo_gym" / "syncs.jsonl")
+            LoraSyncCallback(
+                sync,
+                log_path=output_dir / "nemo_gym" / "syncs.jsonl",
+                on_publish=producer.published,  # async: more groups may start
+            )
         )
         logger.info(
-            "NeMo Gym plugin: agents %s; %d groups x %d rollouts per rank per batch",
+            "NeMo Gym plugin: agents %s; %d groups x %d rollouts per rank per batch%s",
             ", ".join(directory.agents),
             producer.schedule.rows_per_rank,
             producer.num_generations,
+            ""
+            if settings.max_staleness is None
+            else f", asynchronous (max staleness {settings.max_staleness} versions)",
         )
 
     def _wire_verify(
@@ -324,9 +331,12 @@ def _start_sync(settings: NemoGymSettings, trainer: Any, output_dir: Path) -> An
 
     assert settings.sampler_url is not None
     directory = settings.adapter_dir or output_dir / "nemo_gym" / "adapters"
-    sync = LoraSync(settings.sampler_url, settings.adapter_name, directory)
+    keep = 2 if settings.max_staleness is None else settings.max_staleness + 2
+    sync = LoraSync(settings.sampler_url, settings.adapter_name, directory, keep=keep)
     try:
         sync.initialize(trainer.model)
+        if settings.max_staleness is not None:
+            sync.require_versions_kept(settings.max_staleness + 2)
     except BaseException:
         sync.close()
         raise
@@ -337,7 +347,7 @@ def _data_producer(
     settings: NemoGymSettings, directory: ServerDirectory, trainer: Any, output_dir: Path
 ) -> Any:
     """The ``NemoGymDataProducer`` that rolls out this rank's groups through the agents."""
-    from nemogym_sdk.adapters.axolotl.producer import NemoGymDataProducer
+    from nemogym_sdk.adapters.axolotl.producer import NemoGymDataProducer, Pacing
     from nemogym_sdk.adapters.axolotl.schedule import GroupSchedule
     from nemogym_sdk.client import AgentClient
     from nemogym_sdk.policy import SamplingParams, Timeouts
@@ -350,6 +360,23 @@ def _data_producer(
         raise ConfigError(
             f"micro_batch_size x steps per generation ({per_rank}) must be a multiple of "
             f"trl.num_generations ({num_generations}): each rank rolls out whole groups"
+        )
+    pacing = None
+    if settings.max_staleness is not None:
+        steps = int(args.steps_per_generation) * int(getattr(args, "num_iterations", 1) or 1)
+        if steps != int(args.gradient_accumulation_steps):
+            raise ConfigError(
+                "nemo_gym_max_staleness counts adapter versions, one per optimizer step and one "
+                "batch per optimizer step: set trl.steps_per_generation to "
+                f"gradient_accumulation_steps ({args.gradient_accumulation_steps}) and "
+                f"trl.num_iterations to 1 (got {args.steps_per_generation} and "
+                f"{getattr(args, 'num_iterations', 1)})"
+            )
+        pacing = Pacing(
+            max_staleness=settings.max_staleness,
+            max_inflight=settings.max_inflight,
+            episode_timeout=settings.run_timeout,
+            publish_timeout=settings.run_timeout,
         )
     client = AgentClient(
         directory,
@@ -379,6 +406,7 @@ def _data_producer(
         max_completion_length=args.max_completion_length,
         mask_truncated_completions=bool(getattr(args, "mask_truncated_completions", False)),
         log_path=output_dir / "nemo_gym" / "rollouts.jsonl",
+        pacing=pacing,
     )
 
 
@@ -414,6 +442,7 @@ def _write_startup(
         "adapter_name": settings.adapter_name,
         "sampler_url": settings.sampler_url,
         "head_url": settings.head_url,
+        "max_staleness": settings.max_staleness,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(facts, indent=2))

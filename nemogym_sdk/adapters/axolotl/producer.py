@@ -30,6 +30,16 @@ parses every ``/run`` result (``Rollout``, token-exact, with a status) and pads 
 Rollouts come back in ``aabb`` order (the groups the trainer normalises over). Every rank
 rolls out its own rows; with ``async_prefetch`` the trainer wraps this producer in its
 ``AsyncDataProducer``.
+
+**Asynchronous** (``pacing``, YAML ``nemo_gym_max_staleness: K``): a ``RolloutEngine`` keeps
+this rank's episodes playing while the learner learns, and ``produce`` hands out the next
+whole groups it finished (overdue ones first), so no group is trained more than ``K``
+adapter versions after the one it started on. The trainer's ``LoraSyncCallback`` tells the
+producer of every version it publishes (``published``), which lets more groups start; each
+episode ends at ``nemo_gym_run_timeout`` as a ``TIMEOUT`` failure at the latest. ``close``
+cancels what is still playing and logs which groups were left untrained. In both modes each
+line of ``log_path`` has the staleness of the batch's policy tokens against the weights
+that train it (one adapter version per optimizer step).
 """
 
 from __future__ import annotations
@@ -42,6 +52,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 
 from nemogym_sdk import ranks
@@ -53,13 +64,30 @@ from nemogym_sdk.client import AgentClient
 from nemogym_sdk.collate import collate
 from nemogym_sdk.metrics import RolloutStats
 from nemogym_sdk.records import ParseOptions, Rollout
+from nemogym_sdk.rollout_engine import RolloutEngine
 
-__all__ = ["STATUS_COLUMN", "NemoGymDataProducer"]
+__all__ = ["STATUS_COLUMN", "VERSION_COLUMN", "NemoGymDataProducer", "Pacing"]
 
 logger = logging.getLogger(__name__)
 
 STATUS_COLUMN = "nemo_gym_status"
 """Per rollout: its ``RolloutStatus`` value."""
+VERSION_COLUMN = "nemo_gym_policy_version"
+"""Per rollout: the oldest adapter version that sampled one of its turns (-1: unknown)."""
+
+
+@attrs.frozen(kw_only=True)
+class Pacing:
+    """How the asynchronous producer paces its ``RolloutEngine``."""
+
+    max_staleness: int
+    """Adapter versions a group may be trained behind the one it started on."""
+    max_inflight: int | None = None
+    """Episodes playing at once on this rank (None: all the pacing allows)."""
+    episode_timeout: float | None = None
+    """Seconds an episode may play before it ends as ``TIMEOUT``."""
+    publish_timeout: float = 1800.0
+    """Seconds ``produce`` may wait for the next adapter version before it gives up."""
 
 
 class NemoGymDataProducer:
@@ -76,7 +104,10 @@ class NemoGymDataProducer:
         pad_token_id: padding id of the tensors.
         max_completion_length: completions longer than this are cut (and marked truncated).
         mask_truncated_completions: leave truncated rollouts out of the loss.
-        log_path: a JSON line per call (statuses, rewards, turns, agents) on the main process.
+        log_path: a JSON line per call (statuses, rewards, turns, agents, staleness) on the
+            main process.
+        pacing: play asynchronously through a ``RolloutEngine`` (see the module doc);
+            None plays each batch when asked.
     """
 
     def __init__(
@@ -92,6 +123,7 @@ class NemoGymDataProducer:
         max_completion_length: int | None = None,
         mask_truncated_completions: bool = False,
         log_path: str | Path | None = None,
+        pacing: Pacing | None = None,
     ) -> None:
         self.client = client
         self.dataset = dataset
@@ -103,8 +135,14 @@ class NemoGymDataProducer:
         self.max_completion_length = max_completion_length
         self.mask_truncated_completions = mask_truncated_completions
         self.log_path = Path(log_path) if log_path is not None else None
+        self.pacing = pacing
         self.calls = 0
         """Produce calls so far."""
+        self.engine: RolloutEngine | None = None
+        """The engine of asynchronous mode, once the first ``produce`` started it."""
+        self._first_step: int | None = None  # global step of the first call: version 0
+        self._engine_records: list[dict[str, Any]] = []
+        self._engine_metrics: dict[str, float] = {}
 
     # --- the axolotl protocol ---------------------------------------------------------------
 
@@ -148,19 +186,83 @@ class NemoGymDataProducer:
     def on_rollout_end(self, dataset: Any, global_step: int) -> None:
         """axolotl lifecycle hook (nothing to do)."""
 
+    def published(self, version: int) -> None:
+        """The sampler serves a new adapter version (``LoraSyncCallback(on_publish=...)``):
+        in asynchronous mode, more groups may start."""
+        if self.engine is not None:
+            self.engine.publish(version)
+
+    def close(self) -> None:
+        """Cancel the episodes still playing (logging the groups left untrained), then
+        close the agent client."""
+        try:
+            if self.engine is not None:
+                self.engine.close()
+                self.engine = None
+        finally:
+            self.client.close()
+
     # --- the batch --------------------------------------------------------------------------
+
+    def _start_engine(self) -> RolloutEngine:
+        """The engine over this rank's rows (a seeded order, cycled), started once."""
+        if self.engine is None:
+            assert self.pacing is not None
+            indices = self.schedule.rank_order()
+            self._engine_records = [dict(self.dataset[i]) for i in indices]
+            self.engine = RolloutEngine(
+                self.client,
+                [row_of(record) for record in self._engine_records],
+                eos_token_id=self.eos_token_id,
+                num_generations=self.num_generations,
+                groups_per_step=self.schedule.rows_per_rank,
+                max_staleness=self.pacing.max_staleness,
+                max_inflight=self.pacing.max_inflight,
+                episode_timeout=self.pacing.episode_timeout,
+                parse=self._parse,
+            ).start()
+        return self.engine
+
+    @property
+    def _parse(self) -> ParseOptions:
+        return ParseOptions(max_completion_length=self.max_completion_length)
+
+    def _play(self) -> tuple[list[dict[str, Any]], list[Rollout]]:
+        """(one dataset record per group, the rollouts in ``aabb`` order) for this call."""
+        if self.pacing is None:
+            records = [dict(self.dataset[i]) for i in self.schedule.next_indices()]
+            rollouts = self.client.run_sync(
+                [row_of(record) for record in records],
+                eos_token_id=self.eos_token_id,
+                num_generations=self.num_generations,
+                parse=self._parse,
+            )
+            return records, rollouts
+        try:
+            step = self._start_engine().next_step(
+                self.pacing.publish_timeout, wait_for_publish=True
+            )
+        except TimeoutError:
+            raise TimeoutError(
+                f"no adapter version was published for {self.pacing.publish_timeout:g} s while "
+                "the rollout engine waited for one (nemo_gym_max_staleness paces episodes by "
+                "the versions LoraSyncCallback publishes after each optimizer step)"
+            ) from None
+        self._engine_metrics = step.metrics()
+        size = len(self._engine_records)
+        records = [dict(self._engine_records[group.index % size]) for group in step.groups]
+        return records, step.rollouts()
+
+    def learner_version(self, global_step: int) -> int:
+        """The adapter version of the weights that train the batch of ``global_step``: one
+        version is published per optimizer step, version 0 before the first call's step."""
+        if self._first_step is None:
+            self._first_step = global_step
+        return global_step - self._first_step
 
     def rollouts(self, global_step: int) -> tuple[list[dict[str, Any]], list[Rollout]]:
         """Play this rank's next rows; (one input record per rollout, the rollouts), ``aabb``."""
-        indices = self.schedule.next_indices()
-        records = [dict(self.dataset[i]) for i in indices]
-        rows = [row_of(record) for record in records]
-        rollouts = self.client.run_sync(
-            rows,
-            eos_token_id=self.eos_token_id,
-            num_generations=self.num_generations,
-            parse=ParseOptions(max_completion_length=self.max_completion_length),
-        )
+        records, rollouts = self._play()
         inputs = []
         for index, rollout in enumerate(rollouts):  # in input order: aabb
             position = index // self.num_generations
@@ -172,6 +274,7 @@ class NemoGymDataProducer:
                     OK_COLUMN: self._usable(rollout),
                     GROUP_COLUMN: f"{global_step}:{self.schedule.rank}:{position}",
                     STATUS_COLUMN: rollout.status.value,
+                    VERSION_COLUMN: _or_minus_one(rollout.oldest_version),
                     "num_turns": int(rollout.num_turns),
                 }
             )
@@ -191,6 +294,7 @@ class NemoGymDataProducer:
     ) -> dict[str, Any]:
         """The deferred-scoring batch dict (see the module docstring for its keys)."""
         began = time.perf_counter()
+        learner_version = self.learner_version(global_step)
         inputs, rollouts = self.rollouts(global_step)
         batch = collate(rollouts, pad_token_id=self.pad_token_id, expand_forks=False)
         tensors = batch.to_torch(device)
@@ -198,7 +302,7 @@ class NemoGymDataProducer:
         usable_B = usable_B.to(tensors["env_mask"].device)
         tool_mask_BT = tensors["env_mask"] * usable_B[:, None]
         trainable = (tensors["completion_mask"] * tool_mask_BT).sum()
-        stats = RolloutStats.of(batch)
+        stats = RolloutStats.of(batch, learner_version=learner_version)
         if accelerator is not None and getattr(accelerator, "num_processes", 1) > 1:
             trainable = accelerator.gather(trainable.reshape(1)).sum()
             stats = RolloutStats.merge(ranks.gather(stats))
@@ -239,6 +343,7 @@ class NemoGymDataProducer:
         line = {
             "step": global_step,
             **stats.as_metrics(),
+            **self._engine_metrics,
             "agents": dict(collections.Counter(str(r.agent_name) for r in rollouts)),
             "seconds": round(seconds, 3),
         }
@@ -257,3 +362,7 @@ class NemoGymDataProducer:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with self.log_path.open("a") as handle:
                 handle.write(json.dumps(line) + "\n")
+
+
+def _or_minus_one(version: int | None) -> int:
+    return -1 if version is None else version

@@ -73,6 +73,13 @@ class GroupSchedule:
             self._cursor += step
         return taken
 
+    def rank_order(self) -> list[int]:
+        """This rank's rows for a player that cycles through them (``RolloutEngine``): the
+        first epoch's permutation, every ``world``-th row from this rank's own (all of them
+        when there are fewer rows than ranks). Does not move the schedule."""
+        order = self._permutation(0)
+        return order[self.rank :: self.world] or order
+
     def next_indices(self) -> list[int]:
         """Row indices for this rank's next call (``rows_per_rank`` of them)."""
         everyone = self._take(self.rows_per_rank * self.world)

@@ -145,6 +145,15 @@ class NemoGymSettings:
     """``nemo_gym_max_concurrency``: rollouts or verifications in flight at once."""
     seed: int = 0
     """``nemo_gym_seed``: row sampling seed (default: axolotl's ``seed``, else 0)."""
+    max_staleness: int | None = None
+    """``nemo_gym_max_staleness``: agent mode, asynchronous: episodes keep playing while the
+    learner learns (``nemogym_sdk.RolloutEngine``), a group trained at most this many adapter
+    versions after the one it started on; the sampler must keep ``max_staleness + 2``
+    versions (``nemogym_sdk.serve --adapter-versions``). Unset: each batch is played when
+    the trainer asks for it."""
+    max_inflight: int | None = None
+    """``nemo_gym_max_inflight``: with ``max_staleness``, episodes playing at once per rank
+    (default: all the pacing allows)."""
 
     @classmethod
     def from_cfg(cls, cfg: object) -> NemoGymSettings:
@@ -174,6 +183,11 @@ class NemoGymSettings:
                 "adapter there after every optimizer step; without it every rollout would "
                 "sample a policy that never changes."
             )
+        if not multi_turn and cfg_get(cfg, "nemo_gym_max_staleness") is not None:
+            raise ConfigError(
+                "nemo_gym_max_staleness paces NeMo Gym's agents (asynchronous rollouts): it "
+                "needs nemo_gym_multi_turn: true"
+            )
         seed = cfg_get(cfg, "nemo_gym_seed", cfg_get(cfg, "seed", 0))
         try:
             return cls(
@@ -190,6 +204,8 @@ class NemoGymSettings:
                 discovery_timeout=_number(cfg, "nemo_gym_discovery_timeout", 60.0),
                 max_concurrency=int(_number(cfg, "nemo_gym_max_concurrency", 64)),
                 seed=int(seed),
+                max_staleness=_count(cfg, "nemo_gym_max_staleness", least=0),
+                max_inflight=_count(cfg, "nemo_gym_max_inflight", least=1),
             )
         except (TypeError, ValueError) as exc:
             if isinstance(exc, ConfigError):
@@ -215,6 +231,15 @@ def _str(cfg: object, key: str) -> str | None:
         return None
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{key} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _count(cfg: object, key: str, *, least: int) -> int | None:
+    value = cfg_get(cfg, key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ConfigError(f"{key} must be an integer >= {least}, got {value!r}")
     return value
 
 
