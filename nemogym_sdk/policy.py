@@ -1,17 +1,24 @@
-"""Timeouts, retry policy and sampling parameters for the network clients (pure, no I/O)."""
+"""Timeouts, retry policy and sampling parameters for the network clients, and the names of
+the version policies a sampler answers by (pure, no I/O)."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.wire import sampling_overrides
 
-__all__ = ["RetryPolicy", "SamplingParams", "Timeouts"]
+__all__ = ["VERSION_POLICIES", "RetryPolicy", "SamplingParams", "Timeouts", "VersionPolicy"]
+
+VersionPolicy = Literal["pinned", "in_flight"]
+"""Which adapter version answers a later turn of an episode that spans a sync: ``pinned``
+(the one the episode started on) or ``in_flight`` (the newest); see
+``nemogym_sdk.serve.versions``."""
+VERSION_POLICIES: tuple[VersionPolicy, ...] = ("pinned", "in_flight")
 
 
 def _positive(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:

@@ -21,12 +21,12 @@ import yaml
 from nemogym_sdk.devices import parse_device, torch_device
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.grpo import ImportanceSampling, LossType, PolicyLoss
+from nemogym_sdk.policy import VERSION_POLICIES
 
 __all__ = ["BACKENDS", "LOSSES", "MODES", "TrainConfig", "parse_config", "resolve_device"]
 
 BACKENDS = ("transformers", "vllm")
 MODES = ("sync", "async")
-VERSION_POLICIES = ("pinned", "in_flight")
 IMPORTANCE_SAMPLING = tuple(str(mode) for mode in ImportanceSampling)
 LOSSES = tuple(str(loss) for loss in LossType)
 """The policy losses (``nemogym_sdk.grpo.LossType``)."""

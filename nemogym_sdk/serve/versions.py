@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 
 from nemogym_sdk.errors import ConfigError
+from nemogym_sdk.policy import VERSION_POLICIES, VersionPolicy
 from nemogym_sdk.wire import (
     CARD_VERSIONS_FIELD,
     CARD_VERSIONS_KEPT_FIELD,
@@ -51,8 +52,6 @@ __all__ = [
     "version_cards",
 ]
 
-VersionPolicy = Literal["pinned", "in_flight"]
-VERSION_POLICIES: tuple[VersionPolicy, ...] = ("pinned", "in_flight")
 
 
 @attrs.frozen
