@@ -11,7 +11,7 @@ EXTRAS ?= dev,serve,trl,train,testing
 GYM_VENV := .venv-gym
 NEMO_GYM_SPEC ?= nemo-gym==0.7.0
 
-.PHONY: install gym-venv axolotl-venv vllm-venv lint typecheck test test-fast fuzz bench demo docs clean
+.PHONY: install gym-venv axolotl-venv vllm-venv router-venv lint typecheck test test-fast fuzz bench demo docs clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -82,6 +82,20 @@ $(VLLM_VENV)/.installed:
 
 vllm-venv: $(VLLM_VENV)/.installed
 
+# vLLM's router (a Rust binary on PyPI) in its own venv: the engine that routes requests to
+# several sampler replicas (nemogym_sdk.gym.start_router). Reused when present.
+ROUTER_PYTHON ?= python3.11
+ROUTER_VENV := .venv-router
+ROUTER_SPEC ?= vllm-router==0.1.17
+$(ROUTER_VENV)/.installed:
+	test -x $(ROUTER_VENV)/bin/python || $(ROUTER_PYTHON) -m venv $(ROUTER_VENV)
+	$(ROUTER_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(ROUTER_VENV)/bin/python -m pip install --quiet "$(ROUTER_SPEC)"
+	$(ROUTER_VENV)/bin/vllm-router --help > /dev/null
+	touch $@
+
+router-venv: $(ROUTER_VENV)/.installed
+
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -89,7 +103,7 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy --strict nemogym_sdk
 
-test: lint typecheck gym-venv axolotl-venv vllm-venv
+test: lint typecheck gym-venv axolotl-venv vllm-venv router-venv
 	$(PY) -m pytest -q --durations=15
 
 # Everything except the tests that start real NeMo Gym servers.

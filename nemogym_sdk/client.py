@@ -10,6 +10,9 @@
 - Every requested rollout comes back, as a result or a typed failure, tagged with its
   row id and repeat index: in input order (``run``, ``run_sync``) or as they complete
   (``stream``). Each result is parsed as soon as it arrives, while the others play.
+- With ``group_affinity`` every rollout of a row carries the row id as its affinity key
+  (``nemogym_sdk.wire.with_affinity``), so a router in front of several samplers sends a
+  group's rollouts to one replica.
 - ``run_sync`` (play and parse) serves trainers that are not async, on one loop thread
   the client owns; ``run_raw`` / ``run_raw_sync`` give the unparsed exchanges
   (``RawRun``) to users who parse ``/run`` bodies themselves.
@@ -32,7 +35,7 @@ from nemogym_sdk.errors import ConfigError, DataError, UnknownAgentError
 from nemogym_sdk.policy import RetryPolicy, SamplingParams, Timeouts
 from nemogym_sdk.records import ParseOptions, Rollout, RolloutRequest, RolloutStatus, TaskRow
 from nemogym_sdk.turns import parse_agent_response, stamp
-from nemogym_sdk.wire import AGENTS, RUN_ROUTE, build_run_body
+from nemogym_sdk.wire import AGENTS, RUN_ROUTE, build_run_body, with_affinity
 
 __all__ = ["AgentClient", "RawRun", "RowInput"]
 
@@ -122,6 +125,8 @@ class AgentClient(SessionOwner):
         max_concurrency: rollouts in flight at once, over all agents.
         max_per_host: rollouts in flight at once per agent host:port.
         seed: seed of the backoff jitter.
+        group_affinity: send each row's rollouts with its row id as affinity key, so that
+            ``vllm-router`` in front of several sampler replicas keeps a group on one.
     """
 
     _thread_name = "nemogym-sdk-agents"
@@ -137,6 +142,7 @@ class AgentClient(SessionOwner):
         max_concurrency: int = 256,
         max_per_host: int = 128,
         seed: int | None = None,
+        group_affinity: bool = False,
     ) -> None:
         super().__init__(
             timeouts=timeouts,
@@ -152,6 +158,8 @@ class AgentClient(SessionOwner):
         """The deployment the rows are played on."""
         self.sampling = sampling
         """The sampling parameters forced onto every row."""
+        self.group_affinity = group_affinity
+        """Whether each rollout carries its row id as the router's affinity key."""
 
     @property
     def default_agent(self) -> str | None:
@@ -197,8 +205,11 @@ class AgentClient(SessionOwner):
             name = self._route(request)
             if name not in urls:
                 self.directory.agent_url(name)  # raises UnknownAgentError naming the agents
+            data = request.row.data
+            if self.group_affinity:
+                data = with_affinity(data, request.row.row_id)
             try:
-                body = json.dumps(build_run_body(request.row.data, overrides)).encode()
+                body = json.dumps(build_run_body(data, overrides)).encode()
             except (TypeError, ValueError) as exc:
                 raise DataError(f"row {request.row.row_id} cannot be sent as JSON: {exc}") from exc
             jobs.append(_Job(index, request, name, urls[name], body))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -53,6 +54,32 @@ def test_sampling_parameters_override_rows_and_nulls_are_not_sent() -> None:
         "top_p": 0.3,
         "max_output_tokens": 32,
     }
+
+
+def test_group_affinity_sends_each_rows_id_as_the_routers_key() -> None:
+    """With ``group_affinity`` every rollout of a row carries the row id in
+    ``metadata.extra_body`` (what NeMo Gym's model server merges into its backend request),
+    next to the row's own metadata; without it the body is the row's."""
+    from nemogym_sdk.wire import affinity_key
+
+    row = _row(0, metadata={"source": "tests", "extra_body": '{"top_k": 5}'})
+    with (
+        agent_server() as agent,
+        AgentClient({"a": agent.url}, group_affinity=True) as client,
+    ):
+        client.run_sync([row, _row(1)], eos_token_id=2, num_generations=2)
+    keys = []
+    for body in agent.bodies:
+        metadata = body["responses_create_params"]["metadata"]
+        extra = json.loads(metadata["extra_body"])  # merged into the chat body by vllm_model
+        keys.append(affinity_key(extra))
+        if body["i"] == 0:
+            assert metadata["source"] == "tests" and extra["top_k"] == 5
+    assert sorted(keys) == ["rows.jsonl:0"] * 2 + ["rows.jsonl:1"] * 2
+    assert row.data["responses_create_params"]["metadata"]["extra_body"] == '{"top_k": 5}'
+    with agent_server() as agent, AgentClient({"a": agent.url}) as client:
+        client.run_sync([_row(1)], eos_token_id=2)
+    assert "metadata" not in agent.bodies[0]["responses_create_params"]
 
 
 def test_unknown_agent_fails_before_sending() -> None:

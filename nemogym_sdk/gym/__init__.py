@@ -52,8 +52,16 @@ from nemogym_sdk.gym.locate import (
     locate_environment,
 )
 from nemogym_sdk.gym.process import ProcessGroup, ProcessSpec
+from nemogym_sdk.gym.replicas import SamplerFleet, start_samplers
 from nemogym_sdk.gym.requirements import ServerRequirements, read_server_requirements
 from nemogym_sdk.gym.resolve import ResolvedEnvironment, resolve_environments
+from nemogym_sdk.gym.router import (
+    ROUTER_ENV_VAR,
+    RouterNotFoundError,
+    RouterProcess,
+    find_router,
+    start_router,
+)
 from nemogym_sdk.gym.server_envs import (
     REQUIREMENTS_CACHE_ENV_VAR,
     ServerEnvironment,
@@ -89,10 +97,14 @@ __all__ = [
     "ProcessGroup",
     "ProcessSpec",
     "REQUIREMENTS_CACHE_ENV_VAR",
+    "ROUTER_ENV_VAR",
     "RequirementsInstallError",
     "ResolvedEnvironment",
+    "RouterNotFoundError",
+    "RouterProcess",
     "SDK_ENVIRONMENTS",
     "SDK_ENVS_DIR",
+    "SamplerFleet",
     "ServerEnvironment",
     "ServerNotReadyError",
     "ServerRequirements",
@@ -110,6 +122,7 @@ __all__ = [
     "default_vllm_venv_path",
     "describe_environment",
     "find_gym_venv",
+    "find_router",
     "find_uv",
     "find_vllm_venv",
     "free_loopback_ports",
@@ -117,6 +130,8 @@ __all__ = [
     "prepare_server_environment",
     "read_server_requirements",
     "resolve_environments",
+    "start_router",
+    "start_samplers",
     "start_serve",
     "start_vllm",
 ]

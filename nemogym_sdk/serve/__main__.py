@@ -82,6 +82,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="--backend vllm: the vLLM server's base URL, e.g. http://127.0.0.1:8011/v1",
     )
     parser.add_argument(
+        "--replica",
+        dest="replicas",
+        metavar="URL",
+        action="append",
+        default=[],
+        help=(
+            "--backend vllm with --vllm-url a vllm-router: a sampler behind it (repeat for "
+            "each); adapters are loaded on every replica, all or nothing, and generations carry "
+            "the group's affinity key"
+        ),
+    )
+    parser.add_argument(
         "--vllm-timeout",
         type=float,
         default=600.0,
@@ -237,6 +249,8 @@ def _engine(args: argparse.Namespace) -> ServeEngine:
 
     recorder = SamplingRecorder(args.record) if args.record else None
     backend: CausalLMBackend | VllmBackend
+    if args.replicas and args.backend != "vllm":
+        raise ConfigError("--replica is for --backend vllm (a proxy in front of a router)")
     if args.backend == "vllm":
         from nemogym_sdk.serve.vllm_backend import VllmBackend
 
@@ -255,6 +269,7 @@ def _engine(args: argparse.Namespace) -> ServeEngine:
             max_model_len=args.max_model_len,
             timeout=args.vllm_timeout,
             connect_wait=args.vllm_wait,
+            replicas=args.replicas,
         )
         # None: the base model keeps vLLM's served name (read from vLLM at start).
         served_model_name = args.served_model_name

@@ -32,6 +32,7 @@ ROUTES: dict[str, tuple[str, ...]] = {
     "/health": ("get",),
     "/v1/models": ("get",),
     "/v1/chat/completions": ("post",),
+    "/v1/completions": ("post",),
     "/tokenize": ("post",),
     "/v1/load_lora_adapter": ("post",),
     "/v1/unload_lora_adapter": ("post",),
@@ -153,6 +154,11 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     return web.json_response(await request.app[WORKER_KEY].run(engine.chat, body))
 
 
+async def _complete(request: web.Request) -> web.StreamResponse:
+    engine, body = request.app[ENGINE_KEY], await _body(request)
+    return web.json_response(await request.app[WORKER_KEY].run(engine.complete, body))
+
+
 async def _tokenize(request: web.Request) -> web.StreamResponse:
     engine, body = request.app[ENGINE_KEY], await _body(request)
     return web.json_response(await request.app[WORKER_KEY].run(engine.tokenize, body))
@@ -188,6 +194,7 @@ def create_app(engine: ServeEngine) -> web.Application:
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/openapi.json", _openapi)
     app.router.add_post("/v1/chat/completions", _chat)
+    app.router.add_post("/v1/completions", _complete)
     app.router.add_post("/tokenize", _tokenize)
     app.router.add_post("/v1/load_lora_adapter", _load_lora)
     app.router.add_post("/v1/unload_lora_adapter", _unload_lora)

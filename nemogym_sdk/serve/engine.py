@@ -35,8 +35,10 @@ from nemogym_sdk.serve.interface import LOGPROBS_MODES, Generation, LogprobsMode
 from nemogym_sdk.serve.protocol import (
     ChatRequest,
     FinishReason,
+    RequestSampling,
     TokenizeRequest,
     chat_completion_body,
+    completion_body,
     model_card,
 )
 from nemogym_sdk.serve.record import SamplingRecorder
@@ -50,7 +52,12 @@ from nemogym_sdk.serve.tools import (
 )
 from nemogym_sdk.serve.versions import ServedVersion, ServedVersions, version_cards
 from nemogym_sdk.serve.vllm_backend import VllmBackend
-from nemogym_sdk.wire import LOAD_VERSION_FIELD, ROUTED_EXPERTS, policy_version_envelope
+from nemogym_sdk.wire import (
+    LOAD_VERSION_FIELD,
+    ROUTED_EXPERTS,
+    affinity_key,
+    policy_version_envelope,
+)
 
 if TYPE_CHECKING:
     from nemogym_sdk.serve.backend import CausalLMBackend
@@ -216,9 +223,85 @@ class ServeEngine:
         # engine-wide generator (seeded by its --seed).
         seed = request.sampling.seed
         generation = await proxy.generate(
-            prompt_ids, request.sampling, model=model, seed=seed, top_logprobs=request.top_logprobs
+            prompt_ids,
+            request.sampling,
+            model=model,
+            seed=seed,
+            top_logprobs=request.top_logprobs,
+            affinity=affinity_key(body) if isinstance(body, Mapping) else None,
         )
         return self._answer(request, prompt_ids, generation, seed, model, served)
+
+    def complete(self, body: Any) -> dict[str, Any]:
+        """Answer a ``POST /v1/completions`` body whose ``prompt`` is token ids (or text):
+        the part of vLLM's API a proxy in front generates with, so this server can be a
+        sampler replica behind ``vllm-router`` (transformers backend, ``sample`` mode).
+
+        ``model`` names the base model or a loaded adapter (a version slot such as
+        ``policy@v3`` is an adapter like any other); ``logprobs: k`` reports the sampled
+        token's logprob and the ``k`` best alternatives.
+        """
+        if self.mode != "sample":
+            raise BadRequestError("/v1/completions samples: start the server with --mode sample.")
+        if not isinstance(body, dict):
+            raise BadRequestError("The request body must be a JSON object.")
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            prompt_ids = self.local.encode(prompt)
+        elif (
+            isinstance(prompt, list)
+            and prompt
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        ):
+            prompt_ids = list(prompt)
+        else:
+            raise BadRequestError(
+                "'prompt' must be a string or a non-empty list of token ids.", param="prompt"
+            )
+        sampling = RequestSampling.from_json(body)
+        top = body.get("logprobs")
+        if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 0):
+            raise BadRequestError("'logprobs' must be an integer >= 0.", param="logprobs")
+        model = body.get("model")
+        adapter = self.resolve_model(model if isinstance(model, str) else None)
+        seed = sampling.seed if sampling.seed is not None else self._rng.getrandbits(63)
+        generation = self.local.sample(
+            prompt_ids,
+            sampling,
+            seed=seed,
+            adapter=adapter,
+            top_logprobs=int(top or 0),
+            logprobs_mode=self.logprobs_mode,
+        )
+        text = self.backend.decode(generation.token_ids)
+        if generation.text_end is not None:
+            text = text[: generation.text_end]
+        answer = completion_body(
+            model=model if isinstance(model, str) else self.served_model_name,
+            text=text,
+            finish_reason=_finish(generation.finish_reason),
+            stop_reason=generation.stop_reason,
+            prompt_token_ids=prompt_ids,
+            token_ids=generation.token_ids,
+            logprobs=generation.tokens if top is not None else None,
+            return_token_ids=bool(body.get("return_token_ids", False)),
+            return_tokens_as_token_ids=bool(body.get("return_tokens_as_token_ids", False)),
+        )
+        if self.recorder is not None:
+            self.recorder.record(
+                completion_id=answer["id"],
+                model=answer["model"],
+                sampled_model=adapter or self.served_model_name,
+                backend="transformers",
+                mode=self.mode,
+                logprobs_mode=self.logprobs_mode,
+                params=sampling,
+                seed=seed,
+                prompt_ids=prompt_ids,
+                generation_ids=generation.token_ids,
+                finish_reason=answer["choices"][0]["finish_reason"],
+            )
+        return answer
 
     def _answer(
         self,

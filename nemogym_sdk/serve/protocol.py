@@ -369,6 +369,63 @@ def chat_completion_body(
     }
 
 
+def completion_body(
+    *,
+    model: str,
+    text: str,
+    finish_reason: FinishReason,
+    stop_reason: str | int | None,
+    prompt_token_ids: Sequence[int],
+    token_ids: Sequence[int],
+    logprobs: Sequence[TokenLogprob] | None,
+    return_token_ids: bool,
+    return_tokens_as_token_ids: bool,
+) -> dict[str, Any]:
+    """Return a non-streaming ``text_completion`` object shaped like vLLM's (the ids sit in
+    the choice: ``choices[0].prompt_token_ids`` and ``choices[0].token_ids``)."""
+
+    def spell(token_id: int, token_text: str) -> str:
+        return f"token_id:{token_id}" if return_tokens_as_token_ids else token_text
+
+    logprobs_body = None
+    if logprobs is not None:
+        offsets, at = [], 0
+        for item in logprobs:
+            offsets.append(at)
+            at += len(item.text)
+        logprobs_body = {
+            "text_offset": offsets,
+            "token_logprobs": [item.logprob for item in logprobs],
+            "tokens": [spell(item.token_id, item.text) for item in logprobs],
+            "top_logprobs": [
+                {spell(tid, top_text): lp for tid, lp, top_text in item.top} or None
+                for item in logprobs
+            ],
+        }
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "text": text,
+                "logprobs": logprobs_body,
+                "finish_reason": finish_reason,
+                "stop_reason": stop_reason,
+                "prompt_logprobs": None,
+                "prompt_token_ids": list(prompt_token_ids) if return_token_ids else None,
+                "token_ids": list(token_ids) if return_token_ids else None,
+            }
+        ],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": usage_body(len(prompt_token_ids), len(token_ids)),
+        "kv_transfer_params": None,
+    }
+
+
 def model_card(
     model_id: str, *, root: str, parent: str | None, max_model_len: int | None
 ) -> dict[str, Any]:

@@ -24,7 +24,13 @@ from aiohttp import web
 
 from nemogym_sdk.serve.engine import ServeEngine
 from nemogym_sdk.serve.engine import load_version as load_version_of
-from nemogym_sdk.serve.errors import BadRequestError, ServeError, UpstreamError
+from nemogym_sdk.serve.errors import (
+    BadRequestError,
+    ServeError,
+    UpstreamError,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
+)
 from nemogym_sdk.serve.versions import version_cards
 from nemogym_sdk.serve.vllm_backend import VllmBackend
 from nemogym_sdk.serve.vllm_backend import error_message as vllm_error
@@ -63,7 +69,7 @@ def add_proxy_routes(app: web.Application, engine: ServeEngine, proxy: VllmBacke
         return _json(engine.tokenize(await _body(request)))
 
     async def models(request: web.Request) -> web.StreamResponse:
-        status, raw, content_type = await proxy.forward("GET", "/v1/models")
+        status, raw, content_type = await proxy.models()
         ours, theirs = engine.served_model_name, proxy.vllm_model_name
         if status != 200:
             return _passthrough(status, raw, content_type)
@@ -119,7 +125,13 @@ def add_proxy_routes(app: web.Application, engine: ServeEngine, proxy: VllmBacke
 class _VllmAdapters:
     """``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` through the proxy: a
     versioned load gets a vLLM adapter slot of its own (``ServedVersions``), anything else is
-    forwarded to vLLM."""
+    forwarded to vLLM.
+
+    Behind a router (``VllmBackend.replicas``) every load and unload goes to each replica, all
+    or nothing: a load is confirmed in each replica's ``/v1/models``; a replica that refuses
+    it (or does not list it) leaves every replica on what it served before (the loads already
+    made are undone), and the error names that replica.
+    """
 
     def __init__(self, engine: ServeEngine, proxy: VllmBackend) -> None:
         self.engine, self.proxy = engine, proxy
@@ -127,7 +139,8 @@ class _VllmAdapters:
     async def handle(self, path: str, raw: bytes) -> web.StreamResponse:
         body = orjson.loads(raw) if raw else None
         name = body.get("lora_name") if isinstance(body, dict) else None
-        if path.endswith("/load_lora_adapter") and isinstance(body, dict):
+        loading = path.endswith("/load_lora_adapter") and isinstance(body, dict)
+        if loading and isinstance(body, dict):
             if name is not None and name == self.engine.served_model_name:
                 raise BadRequestError(
                     f"The lora adapter name '{name}' conflicts with a served base model.",
@@ -140,27 +153,109 @@ class _VllmAdapters:
         if isinstance(name, str):  # a plain load or an unload ends the versioned name
             slots = [s for s in self.engine.versions.forget(name) if s != name]
             for slot in slots:
-                await self._post("/v1/unload_lora_adapter", {"lora_name": slot})
-            if slots and path.endswith("/unload_lora_adapter"):
+                await self._everywhere(UNLOAD, {"lora_name": slot})
+            if slots and not loading:
                 return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
-        return _passthrough(*await self.proxy.forward("POST", path, raw))
+        if not self.proxy.replicas:
+            return _passthrough(*await self.proxy.forward("POST", path, raw))
+        if loading and isinstance(body, dict) and isinstance(name, str):
+            undo = None if body.get("load_inplace") else {"lora_name": name}
+            await self._load_everywhere(body, undo, str(body.get("lora_path")))
+            return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+        await self._everywhere(UNLOAD if not loading else LOAD, body or {})
+        return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
-    async def _post(self, route: str, body: dict[str, Any]) -> None:
-        status, raw, _ = await self.proxy.forward("POST", route, orjson.dumps(body))
+    async def _post(self, route: str, body: dict[str, Any], server: str) -> tuple[int, bytes]:
+        status, raw, _ = await self.proxy.forward("POST", route, orjson.dumps(body), root=server)
+        return status, raw
+
+    def _refused(self, server: str, status: int, raw: bytes, outcome: str = "") -> UpstreamError:
+        message, err_type, param = vllm_error(status, raw)
+        if self.proxy.replicas:
+            message = f"replica {server} refused it: {message}. {outcome}".rstrip()
+        return UpstreamError(message, status=status, err_type=err_type, param=param)
+
+    async def _everywhere(self, route: str, body: dict[str, Any]) -> None:
+        """``route`` on every adapter server; the first refusal raises, naming its server."""
+        for server in self.proxy.adapter_servers:
+            status, raw = await self._post(route, body, server)
+            if status >= 400:
+                raise self._refused(server, status, raw)
+
+    async def _load_everywhere(
+        self, body: dict[str, Any], undo: dict[str, Any] | None, path: str
+    ) -> None:
+        """Load on every adapter server and confirm it, or leave each as it was: ``undo`` is
+        the request that takes the load back (a load of what the slot held before, or an
+        unload; None when nothing can)."""
+        done: list[str] = []
+        for server in self.proxy.adapter_servers:
+            try:
+                status, raw = await self._post(LOAD, body, server)
+            except (UpstreamUnavailableError, UpstreamTimeoutError) as error:
+                if not self.proxy.replicas:
+                    raise
+                await self.proxy.drop_replica(server, str(error))
+                continue
+            if status < 400 and self.proxy.replicas:
+                status, raw = await self._listed(server, str(body["lora_name"]), path)
+            if status >= 400:
+                raise self._refused(server, status, raw, await self._undo(done, undo))
+            done.append(server)
+
+    async def _listed(self, server: str, slot: str, path: str) -> tuple[int, bytes]:
+        """(200, b"") when ``server``'s ``/v1/models`` lists ``slot`` loaded from ``path``."""
+        status, raw, _ = await self.proxy.forward("GET", "/v1/models", root=server)
         if status >= 400:
-            message, err_type, param = vllm_error(status, raw)
-            raise UpstreamError(message, status=status, err_type=err_type, param=param)
+            return status, raw
+        cards = orjson.loads(raw).get("data") or []
+        if any(c.get("id") == slot and c.get("root") == path for c in cards):
+            return 200, b""
+        why = f"it accepted adapter {slot!r} ({path}) but its /v1/models does not list it"
+        return 502, orjson.dumps({"error": {"message": why}})
+
+    async def _undo(self, servers: list[str], undo: dict[str, Any] | None) -> str:
+        if not servers:
+            return "No replica loaded it."
+        if undo is None:
+            return f"Replicas {', '.join(servers)} serve it now; the others do not."
+        failed = []
+        for server in servers:
+            status, raw = await self._post(LOAD if "lora_path" in undo else UNLOAD, undo, server)
+            if status >= 400:
+                failed.append(f"{server} ({vllm_error(status, raw)[0]})")
+        if failed:
+            return f"Undoing it failed on {', '.join(failed)}."
+        return "Every replica keeps what it served before."
 
     async def _load_version(self, name: str, path: str, version: int) -> web.StreamResponse:
         """Load one version into its own vLLM adapter slot, then unload what it evicts."""
         versions = self.engine.versions
         loading = versions.plan(name, version)
         body = {"lora_name": loading.slot, "lora_path": path, "load_inplace": loading.replace}
-        await self._post("/v1/load_lora_adapter", body)
-        for slot in loading.evict:
-            await self._post("/v1/unload_lora_adapter", {"lora_name": slot})
+        before = next((v for v in versions.names().get(name, []) if v.slot == loading.slot), None)
+        undo = (
+            {"lora_name": loading.slot, "lora_path": before.path, "load_inplace": True}
+            if before is not None
+            else {"lora_name": loading.slot}
+        )
+        await self._load_everywhere(body, undo, path)
         versions.commit(name, version, path, loading)
+        for slot in loading.evict:
+            for server in self.proxy.adapter_servers:
+                status, raw = await self._post(UNLOAD, {"lora_name": slot}, server)
+                if status >= 400:  # the new version serves; the old one holds a slot there
+                    logger.warning(
+                        "unloading adapter slot %r from %s failed: %s",
+                        slot,
+                        server,
+                        vllm_error(status, raw)[0],
+                    )
         return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+
+LOAD = "/v1/load_lora_adapter"
+UNLOAD = "/v1/unload_lora_adapter"
 
 
 async def check_logprobs_mode(engine: ServeEngine, proxy: VllmBackend) -> None:

@@ -53,7 +53,6 @@ __all__ = [
 ]
 
 
-
 @attrs.frozen
 class ServedVersion:
     """One loaded version of an adapter."""

@@ -12,6 +12,12 @@ alternative's), and checks that vLLM echoes the prompt ids it was sent.
 
 The model name is forwarded: the proxy's base name maps to vLLM's served base name, and any
 other name (a LoRA adapter) is sent as is, so vLLM routes it to the adapter.
+
+**Replicas.** ``vllm_url`` may be ``vllm-router`` in front of several samplers
+(``replicas``: vLLM servers, or ``nemogym_sdk.serve`` workers that speak the same
+``/v1/completions``). Each generation then carries the request's affinity key as the
+router's ``x-session-id`` header, so a group stays on one replica, and adapters are loaded
+on every replica directly (the router would forward a load to one of them only).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import orjson
@@ -39,6 +46,7 @@ from nemogym_sdk.serve.errors import (
 from nemogym_sdk.serve.interface import MASKED_LOGPROB, Generation, LogprobsMode
 from nemogym_sdk.serve.protocol import RequestSampling, TokenLogprob
 from nemogym_sdk.serve.template import ChatTemplate
+from nemogym_sdk.wire import ROUTER_SESSION_HEADER
 
 __all__ = ["VllmBackend", "completion_request", "parse_completion"]
 
@@ -201,6 +209,7 @@ class VllmBackend:
         timeout: float = 600.0,
         connect_wait: float = 60.0,
         api_key: str | None = None,
+        replicas: Sequence[str] = (),
     ) -> None:
         """Point at ``vllm_url`` (``http://host:port/v1``); the model names are read at start.
 
@@ -214,8 +223,12 @@ class VllmBackend:
             timeout: seconds one generation may take.
             connect_wait: seconds `start` waits for vLLM to answer ``/v1/models``.
             api_key: sent as ``Authorization: Bearer`` if vLLM was started with ``--api-key``.
+            replicas: when ``vllm_url`` is a router, the samplers behind it: adapters are
+                loaded on each of them.
         """
         self.root_url = server_root(vllm_url)
+        self.replicas: tuple[str, ...] = tuple(server_root(url) for url in replicas)
+        """The samplers behind a router (server roots); empty when ``vllm_url`` is one."""
         self.vllm_url = openai_url(vllm_url)
         self.template = template
         self.tokenizer: Any = template.tokenizer
@@ -323,18 +336,74 @@ class VllmBackend:
 
     # ----------------------------------------------------------------- HTTP
 
+    @property
+    def adapter_servers(self) -> tuple[str, ...]:
+        """Where adapters are loaded: every replica, or vLLM itself (server roots)."""
+        return self.replicas or (self.root_url,)
+
+    async def drop_replica(self, server: str, why: str) -> None:
+        """Stop using a replica that cannot be reached: it gets no more adapters, and the
+        router (``POST /remove_worker``) sends it no more requests, so it can never answer
+        with an adapter version it missed. Raises `UpstreamUnavailableError` when none is
+        left."""
+        self.replicas = tuple(r for r in self.replicas if r != server)
+        logger.warning(
+            "replica %s is unreachable (%s): removed from the router at %s; %d replica(s) left",
+            server,
+            why,
+            self.root_url,
+            len(self.replicas),
+        )
+        try:
+            status, raw, _ = await self.forward("POST", f"/remove_worker?url={quote(server)}")
+            refused = error_message(status, raw)[0] if status >= 400 else None
+        except (UpstreamUnavailableError, UpstreamTimeoutError) as error:
+            refused = str(error)
+        if refused is not None:
+            logger.warning("the router did not remove %s: %s", server, refused)
+        if not self.replicas:
+            raise UpstreamUnavailableError(f"No sampler replica is left ({server}: {why}).")
+
+    async def models(self) -> tuple[int, bytes, str]:
+        """``GET /v1/models`` of vLLM, or of the first replica that answers."""
+        if not self.replicas:
+            return await self.forward("GET", "/v1/models")
+        answer: tuple[int, bytes, str] | None = None
+        for server in self.replicas:
+            try:
+                answer = await self.forward("GET", "/v1/models", root=server)
+            except (UpstreamUnavailableError, UpstreamTimeoutError):
+                continue
+            if answer[0] < 500:
+                return answer
+        if answer is None:
+            raise UpstreamUnavailableError("No sampler replica answers GET /v1/models.")
+        return answer
+
     async def forward(
-        self, method: str, path: str, body: bytes | None = None
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        *,
+        root: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> tuple[int, bytes, str]:
-        """Send ``method path`` to vLLM's root URL; return status, body and content type.
+        """Send ``method path`` to vLLM's root URL (or ``root``, a replica); return status,
+        body and content type.
 
         Connection failures raise `UpstreamUnavailableError` (503), timeouts
         `UpstreamTimeoutError` (504); HTTP errors are returned, not raised.
         """
         if self._session is None:
             raise UpstreamUnavailableError("The vLLM backend is not started.")
-        headers = {"Content-Type": "application/json"} if body is not None else None
-        url = f"{self.root_url}{path}"
+        sent = dict(headers or {})
+        if body is not None:
+            sent["Content-Type"] = "application/json"
+        headers = sent or None
+        target = root or self.root_url
+        url = f"{target}{path}"
+        where = root or self.vllm_url
         try:
             try:
                 async with self._session.request(method, url, data=body, headers=headers) as r:
@@ -345,16 +414,18 @@ class VllmBackend:
                     return r.status, await r.read(), r.content_type
         except aiohttp.ClientConnectionError as error:
             raise UpstreamUnavailableError(
-                f"The vLLM server at {self.vllm_url} is unreachable: {error}"
+                f"The vLLM server at {where} is unreachable: {error}"
             ) from error
         except TimeoutError as error:
             raise UpstreamTimeoutError(
-                f"The vLLM server at {self.vllm_url} did not answer {path} in {self.timeout:.0f} s."
+                f"The vLLM server at {where} did not answer {path} in {self.timeout:.0f} s."
             ) from error
 
-    async def post_json(self, path: str, body: Mapping[str, Any]) -> Any:
+    async def post_json(
+        self, path: str, body: Mapping[str, Any], *, headers: Mapping[str, str] | None = None
+    ) -> Any:
         """POST JSON to vLLM and decode the answer; vLLM's HTTP errors become `UpstreamError`."""
-        status, raw, _ = await self.forward("POST", path, orjson.dumps(body))
+        status, raw, _ = await self.forward("POST", path, orjson.dumps(body), headers=headers)
         if status >= 400:
             message, err_type, param = error_message(status, raw)
             raise UpstreamError(message, status=status, err_type=err_type, param=param)
@@ -393,8 +464,12 @@ class VllmBackend:
         model: str,
         seed: int | None,
         top_logprobs: int = 0,
+        affinity: str | None = None,
     ) -> Generation:
-        """Sample from vLLM with ``prompt_ids`` as the prompt; every token with its logprob."""
+        """Sample from vLLM with ``prompt_ids`` as the prompt; every token with its logprob.
+
+        ``affinity`` (a group's key) goes to a router as ``x-session-id``: one replica per key.
+        """
         body = completion_request(
             prompt_ids,
             params,
@@ -403,7 +478,8 @@ class VllmBackend:
             max_tokens=self.max_tokens(prompt_ids, params),
             top_logprobs=top_logprobs,
         )
-        answer = await self.post_json("/v1/completions", body)
+        headers = {ROUTER_SESSION_HEADER: affinity} if affinity else None
+        answer = await self.post_json("/v1/completions", body, headers=headers)
         return parse_completion(
             answer,
             prompt_ids,

@@ -16,13 +16,20 @@ here. What lives where:
   reward and ``reward_components`` rules as ``/run`` results);
 - ``head``: the head server's ``/server_instances`` entries;
 - ``versions``: the policy version of a model turn, in the ``routed_experts`` envelope
-  the SDK's sampler writes and its parser reads.
+  the SDK's sampler writes and its parser reads;
+- ``affinity``: a group's affinity key, from the row to the router in front of the
+  sampler replicas (``metadata.extra_body``, ``session_params``, ``x-session-id``).
 
 Decoding never raises on malformed input: problems are reported in the returned record.
 """
 
 from __future__ import annotations
 
+from nemogym_sdk.wire.affinity import (
+    ROUTER_SESSION_HEADER,
+    affinity_key,
+    with_affinity,
+)
 from nemogym_sdk.wire.head import ServerInstance, decode_server_instance, encode_server_instance
 from nemogym_sdk.wire.names import (
     AGENT_REF,
@@ -135,6 +142,7 @@ __all__ = [
     "REWARD_COMPONENTS",
     "ROLE",
     "ROUTED_EXPERTS",
+    "ROUTER_SESSION_HEADER",
     "RUN_ROUTE",
     "SEED_SESSION_ROUTE",
     "SERVER_TYPE",
@@ -148,6 +156,7 @@ __all__ = [
     "RunResult",
     "ServerInstance",
     "VerifyAnswer",
+    "affinity_key",
     "agent_name",
     "build_response",
     "build_run_body",
@@ -165,4 +174,5 @@ __all__ = [
     "resources_server_name",
     "row_tools",
     "sampling_overrides",
+    "with_affinity",
 ]

@@ -60,7 +60,9 @@ def test_health_models_and_openapi(scripted_server: Any) -> None:
     )
     assert card["max_model_len"] == 32768
     paths = requests.get(f"{scripted_server.url}/openapi.json", timeout=10).json()["paths"]
-    assert {"/v1/chat/completions", "/tokenize", "/v1/load_lora_adapter"} <= set(paths)
+    assert {"/v1/chat/completions", "/v1/completions", "/tokenize", "/v1/load_lora_adapter"} <= set(
+        paths
+    )
 
 
 def test_scripted_rollout_calls_each_tool_then_answers_token_exactly(scripted_server: Any) -> None:
@@ -293,3 +295,39 @@ def test_concurrent_requests_are_serialized_and_all_answered(sample_server: Any)
     assert sorted(results) == list(range(8))
     for index in (0, 5):
         assert chat(sample_server, **bodies[index])["choices"][0]["token_ids"] == results[index]
+
+
+def test_token_in_completions_sample_what_chat_samples_in_vllms_shape(sample_server: Any) -> None:
+    """``POST /v1/completions`` with the prompt as token ids (what the proxy in front of a
+    router sends each replica) samples exactly what a chat request with the same prompt
+    and seed samples, and its answer passes the proxy's own parser of vLLM's answers."""
+    from nemogym_sdk.serve.vllm_backend import parse_completion
+
+    chatted = chat(
+        sample_server, messages=START, seed=7, max_tokens=6, return_token_ids=True, **TRAINING
+    )
+    chatted |= {"token_ids": chatted["choices"][0]["token_ids"]}
+    prompt = chatted["prompt_token_ids"]
+    body = {
+        "model": MODEL_NAME,
+        "prompt": prompt,
+        "seed": 7,
+        "max_tokens": 6,
+        "logprobs": 2,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+    }
+    response = requests.post(f"{sample_server.base_url}/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["object"] == "text_completion"
+    choice = answer["choices"][0]
+    assert choice["prompt_token_ids"] == prompt and choice["token_ids"] == chatted["token_ids"]
+    generation = parse_completion(answer, prompt, token_text=str, top_logprobs=2)
+    chat_logprobs = [e["logprob"] for e in chatted["choices"][0]["logprobs"]["content"]]
+    assert [t.logprob for t in generation.tokens] == pytest.approx(chat_logprobs, abs=1e-6)
+    assert all(len(t.top) == 2 for t in generation.tokens)
+    bad = requests.post(
+        f"{sample_server.base_url}/completions", json={**body, "prompt": []}, timeout=10
+    )
+    assert bad.status_code == 400 and "prompt" in bad.json()["error"]["message"]

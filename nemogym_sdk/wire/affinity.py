@@ -1,0 +1,72 @@
+"""A group's affinity key, from the row NeMo Gym plays to the router in front of the samplers.
+
+All rollouts of a GRPO group share their prompt; sent to one sampler replica, they share
+its prefix cache, and the groups spread over the replicas. ``vllm-router`` keeps requests
+with one key on one replica (``--policy consistent_hash``): the key is the request's
+``x-session-id`` header or, on a chat request, ``session_params.session_id`` in its body.
+
+NeMo Gym carries no header from a ``/run`` to the model server's backend request, but its
+``vllm_model`` merges the JSON object in ``responses_create_params.metadata.extra_body`` (a
+string, as OpenAI's metadata values are) into the body of every chat request of the
+episode. So ``with_affinity`` puts ``{"session_params": {"session_id": <key>}}`` there;
+``nemogym_sdk.serve`` reads it back (``affinity_key``) and sends it as the header, since it
+generates through the router's completions route, where only the header counts. A router
+directly behind NeMo Gym reads it from the chat body itself.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from nemogym_sdk.wire.names import RESPONSES_CREATE_PARAMS
+
+__all__ = [
+    "EXTRA_BODY",
+    "METADATA",
+    "ROUTER_SESSION_HEADER",
+    "SESSION_ID",
+    "SESSION_PARAMS",
+    "affinity_key",
+    "with_affinity",
+]
+
+METADATA = "metadata"
+"""``responses_create_params.metadata``: string keys and string values (OpenAI's rule)."""
+EXTRA_BODY = "extra_body"
+"""The metadata key whose JSON object NeMo Gym's ``vllm_model`` merges into the backend body."""
+SESSION_PARAMS = "session_params"
+"""vllm-router's body object on a chat request that holds the affinity key."""
+SESSION_ID = "session_id"
+"""The key inside ``session_params``."""
+ROUTER_SESSION_HEADER = "x-session-id"
+"""vllm-router's affinity header (it wins over every body field)."""
+
+
+def with_affinity(row: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """A copy of ``row`` whose model requests carry the affinity ``key``.
+
+    An ``extra_body`` the row already has keeps its other fields; the row is not mutated.
+    """
+    params = dict(row.get(RESPONSES_CREATE_PARAMS) or {})
+    metadata = dict(params.get(METADATA) or {})
+    extra: Any = {}
+    if isinstance(metadata.get(EXTRA_BODY), str):
+        try:
+            extra = json.loads(metadata[EXTRA_BODY])
+        except ValueError:
+            extra = {}
+    if not isinstance(extra, dict):
+        extra = {}
+    extra[SESSION_PARAMS] = {**(extra.get(SESSION_PARAMS) or {}), SESSION_ID: key}
+    metadata[EXTRA_BODY] = json.dumps(extra, separators=(",", ":"))
+    params[METADATA] = metadata
+    return {**row, RESPONSES_CREATE_PARAMS: params}
+
+
+def affinity_key(body: Mapping[str, Any]) -> str | None:
+    """The affinity key of a chat request body (``session_params.session_id``), if any."""
+    params = body.get(SESSION_PARAMS)
+    key = params.get(SESSION_ID) if isinstance(params, Mapping) else None
+    return key if isinstance(key, str) and key else None

@@ -1,0 +1,246 @@
+"""Sampler replicas behind a real ``vllm-router``, with ``nemogym_sdk.serve`` in front: adapter
+publication reaches every replica (all or nothing), a group's requests stay on one replica,
+and a replica that refuses an adapter or dies is handled (CPU server replicas, real HTTP)."""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import requests
+from aiohttp import web
+
+from nemogym_sdk import LoraSyncError
+from nemogym_sdk.lora import LoraSync
+from nemogym_sdk.wire import CARD_VERSIONS_FIELD
+from tests.fakes import FakeServer, serve
+from tests.lora_models import perturb, tiny_lora
+from tests.require import absent
+
+pytest.importorskip("peft")
+KEPT = 3
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from nemogym_sdk.gym import RouterNotFoundError, find_router
+    from nemogym_sdk.serve.tiny import save_tiny
+
+    try:
+        find_router()
+    except RouterNotFoundError as exc:
+        absent(f"{exc}; replica tests skipped")
+    return save_tiny(tmp_path_factory.mktemp("model") / "tiny", 0)
+
+
+@pytest.fixture(scope="module")
+def fleet(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Two CPU replicas behind the router, the proxy in front; each replica records what it
+    generated (``records``)."""
+    from nemogym_sdk.gym import start_samplers
+
+    logs = tmp_path_factory.mktemp("fleet")
+    record = str(logs / "record-{replica}.jsonl")
+    with start_samplers(
+        2, model_dir, adapter_versions=KEPT, log_dir=logs, replica_args=["--record", record]
+    ) as fleet:
+        yield fleet
+
+
+@pytest.fixture(scope="module")
+def records(fleet: Any) -> list[Path]:
+    logs = fleet.proxy.log_path.parent
+    return [logs / f"record-{i}.jsonl" for i in range(2)]
+
+
+def slots(url: str) -> dict[str, str]:
+    """A replica's adapters: slot name -> the path it was loaded from."""
+    cards = requests.get(f"{url}/models", timeout=10).json()["data"]
+    return {c["id"]: c["root"] for c in cards if c.get("parent")}
+
+
+def policy_card(url: str) -> dict[str, Any]:
+    cards = requests.get(f"{url}/models", timeout=10).json()["data"]
+    return next(c for c in cards if c["id"] == "policy")
+
+
+def ask(url: str, key: str, content: str = "hi") -> requests.Response:
+    body = {
+        "model": "policy",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 3,
+        "logprobs": True,
+        "session_params": {"session_id": key},  # what NeMo Gym merges in from the row
+    }
+    return requests.post(f"{url}/chat/completions", json=body, timeout=60)
+
+
+@pytest.mark.gym
+def test_every_replica_serves_each_published_version(fleet: Any, tmp_path: Path) -> None:
+    """``LoraSync`` publishes to the proxy as to one sampler; every replica loads each version
+    into its slot, the oldest beyond the kept three are unloaded everywhere, and the proxy's
+    card says which versions all of them serve."""
+    model = tiny_lora()
+    sync = LoraSync(fleet.base_url, "policy", tmp_path, keep=KEPT)
+    sync.initialize(model)
+    for version in range(1, 5):
+        perturb(model, seed=version)
+        sync.sync(model)
+        expected = {
+            f"policy@v{v}": str(sync.version_path(v))
+            for v in range(max(0, version - 2), version + 1)
+        }
+        for url in fleet.replica_urls:
+            assert slots(url) == expected, url
+        assert policy_card(fleet.base_url)[CARD_VERSIONS_FIELD] == sorted(
+            int(s.split("@v")[1]) for s in expected
+        )
+    assert sync.served_version() == 4
+
+
+@pytest.mark.gym
+def test_a_groups_requests_stay_on_one_replica_and_groups_spread(
+    fleet: Any, records: list[Path]
+) -> None:
+    """The affinity key NeMo Gym forwards from the row reaches the router as ``x-session-id``:
+    every request of a key lands on one replica, and the keys use both."""
+    model = tiny_lora()
+    sync = LoraSync(fleet.base_url, "policy", fleet.proxy.log_path.parent / "affinity")
+    sync.initialize(model)
+    before = [len(path.read_text().splitlines()) if path.exists() else 0 for path in records]
+    keys = [f"row-{i}" for i in range(24)]
+    for _ in range(3):
+        for key in keys:
+            # each key has a prompt of its own length (byte tokens): the records tell them apart
+            response = ask(fleet.base_url, key, content="q" * (1 + keys.index(key)))
+            assert response.status_code == 200, response.text
+    where: dict[int, set[int]] = collections.defaultdict(set)
+    for replica, path in enumerate(records):
+        for line in path.read_text().splitlines()[before[replica] :]:
+            record = json.loads(line)
+            where[record["prompt_tokens"]].add(replica)
+    assert len(where) == len(keys)  # one prompt per key
+    assert all(len(replicas) == 1 for replicas in where.values()), where
+    assert {r for replicas in where.values() for r in replicas} == {0, 1}
+
+
+class RefusingReplica:
+    """A replica (a real CPU server behind it) whose adapter loads can be made to fail, as a
+    replica out of adapter memory or with an unreadable path would."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target.removesuffix("/v1")
+        self.refuse = False
+
+    def routes(self, server: FakeServer) -> list[web.RouteDef]:
+        async def forward(request: web.Request) -> web.StreamResponse:
+            if self.refuse and request.path == "/v1/load_lora_adapter":
+                error = {"message": "no room for another adapter (test fault)", "code": 400}
+                return web.json_response({"error": error}, status=400)
+            async with (
+                aiohttp.ClientSession() as http,
+                http.request(
+                    request.method,
+                    f"{self.target}{request.path_qs}",
+                    data=await request.read(),
+                    headers={"Content-Type": "application/json"},
+                ) as answer,
+            ):
+                return web.Response(
+                    body=await answer.read(), status=answer.status, content_type=answer.content_type
+                )
+
+        return [web.route("*", "/{tail:.*}", forward)]
+
+
+@pytest.fixture
+def faulty(model_dir: Path, tmp_path: Path) -> Iterator[tuple[Any, Any, RefusingReplica]]:
+    """Two CPU replicas, the second behind a ``RefusingReplica``; router; proxy."""
+    from nemogym_sdk.gym import start_router, start_serve
+
+    with (
+        start_serve(model=str(model_dir), seed=0, log_path=tmp_path / "r0.log") as first,
+        start_serve(model=str(model_dir), seed=1, log_path=tmp_path / "r1.log") as second,
+    ):
+        refusing = RefusingReplica(second.base_url)
+        with serve(refusing.routes) as wrapped:
+            urls = [first.base_url, f"{wrapped.url}/v1"]
+            with start_router(urls, log_path=tmp_path / "router.log") as router:
+                args = ["--backend", "vllm", "--vllm-url", router.base_url, "--adapter-versions"]
+                args += [str(KEPT), *[a for url in urls for a in ("--replica", url)]]
+                with start_serve(
+                    model=str(model_dir), extra_args=args, log_path=tmp_path / "proxy.log"
+                ) as proxy:
+                    yield proxy, router, refusing
+
+
+@pytest.mark.gym
+def test_a_refused_adapter_leaves_every_replica_on_the_last_good_version(
+    faulty: tuple[Any, Any, RefusingReplica], tmp_path: Path
+) -> None:
+    """One replica refuses version 2: the publish fails naming it, the replica that had
+    loaded version 2 unloads it again, both keep serving versions 0 and 1, and a later
+    publish (the fault gone) reaches both."""
+    proxy, router, refusing = faulty
+    replicas = [f"{root}/v1" for root in router.worker_urls]
+    model = tiny_lora()
+    sync = LoraSync(proxy.base_url, "policy", tmp_path)
+    sync.initialize(model)
+    perturb(model, seed=1)
+    sync.sync(model)
+    good = {f"policy@v{v}": str(sync.version_path(v)) for v in (0, 1)}
+    refusing.refuse = True
+    perturb(model, seed=2)
+    with pytest.raises(LoraSyncError, match=rf"replica {router.worker_urls[1]} refused.*fault"):
+        sync.sync(model)
+    assert sync.version == 1
+    for url in replicas:
+        assert slots(url) == good, url
+    assert policy_card(proxy.base_url)[CARD_VERSIONS_FIELD] == [0, 1]
+    assert ask(proxy.base_url, "after the refusal").status_code == 200
+    refusing.refuse = False
+    sync.sync(model)
+    for url in replicas:
+        assert set(slots(url)) == {"policy@v0", "policy@v1", "policy@v2"}, url
+
+
+@pytest.mark.gym
+def test_a_dead_replica_leaves_the_router_and_publication_goes_on(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """A replica killed while requests play: every request still gets an answer (the router
+    retries on the other one), the next publish drops the dead replica from the router
+    instead of failing, and the survivor serves the new version."""
+    from nemogym_sdk.gym import start_samplers
+
+    with start_samplers(2, model_dir, adapter_versions=KEPT, log_dir=tmp_path) as fleet:
+        model = tiny_lora()
+        sync = LoraSync(fleet.base_url, "policy", tmp_path / "adapters")
+        sync.initialize(model)
+        statuses: list[int] = []
+
+        def play() -> None:
+            for i in range(30):
+                statuses.append(ask(fleet.base_url, f"key-{i % 10}").status_code)
+
+        players = [threading.Thread(target=play) for _ in range(4)]
+        for player in players:
+            player.start()
+        fleet.kill(1)
+        for player in players:
+            player.join(120)
+        assert len(statuses) == 120
+        assert statuses.count(200) >= 110, collections.Counter(statuses)
+        perturb(model, seed=1)
+        assert sync.sync(model).version == 1
+        survivor, dead = fleet.replicas[0].base_url, fleet.replicas[1].base_url
+        assert slots(survivor) == {f"policy@v{v}": str(sync.version_path(v)) for v in (0, 1)}
+        routed = fleet.router.healthy()
+        assert dead.removesuffix("/v1") not in routed and survivor.removesuffix("/v1") in routed
+        assert all(ask(fleet.base_url, f"key-{i}").status_code == 200 for i in range(10))
