@@ -196,6 +196,90 @@ def test_unconfirmed_load_raises(fake: FakeVLLM, tmp_path: Path) -> None:
     assert sync.version == 1
 
 
+@pytest.fixture
+def replicas() -> Iterator[list[FakeVLLM]]:
+    """Two FakeVLLMs serving one policy."""
+    servers = [FakeVLLM().start(), FakeVLLM().start()]
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+def test_replicas_each_get_every_version(replicas: list[FakeVLLM], tmp_path: Path) -> None:
+    """``LoraSync([a, b])`` loads and confirms each version on both; both serve it."""
+    sync = LoraSync([r.url + "/v1" for r in replicas], "policy", tmp_path / "out")
+    assert sync.base_urls == tuple(r.url for r in replicas) and sync.base_url == replicas[0].url
+    source = write_adapter(tmp_path)
+    for version in (1, 2):
+        assert sync.push(source).version == version
+        assert sync.served_versions() == {r.url: version for r in replicas}
+    assert sync.served_version() == 2
+    for replica in replicas:
+        loads = [b for path, b in replica.posts() if path == "/v1/load_lora_adapter"]
+        assert [b["policy_version"] for b in loads] == [1, 2]
+    assert sync.versions_kept() is None  # vLLM does not say how many it keeps
+
+
+def test_a_replica_that_refuses_leaves_all_on_the_last_version(
+    replicas: list[FakeVLLM], tmp_path: Path
+) -> None:
+    """Replica b refuses version 2: a, which had loaded it, loads version 1 again; the error
+    names b and says what each replica serves; the number is reused by the next publish."""
+    first, second = replicas
+    sync = LoraSync([first.url, second.url], "policy", tmp_path / "out")
+    source = write_adapter(tmp_path)
+    sync.push(source)
+    second.fail_next = (400, "no room for another adapter")
+    with pytest.raises(LoraSyncError) as info:
+        sync.push(source)
+    message = str(info.value)
+    assert message.startswith(f"replica {second.url}: load of LoRA adapter 'policy' version 2")
+    assert "no room for another adapter" in message and info.value.status == 400
+    assert f"Version 1 was loaded again and is served on {first.url}." in message
+    assert sync.version == 1 and sync.served_versions() == {first.url: 1, second.url: 1}
+    assert first.posts()[-1][1]["lora_path"].endswith("v000001")
+    assert sync.push(source).version == 2
+    assert sync.served_version() == 2
+
+
+def test_a_replica_that_does_not_confirm_is_undone_everywhere(
+    replicas: list[FakeVLLM], tmp_path: Path
+) -> None:
+    """Replica b answers 200 but does not serve the new version: both go back to version 1."""
+    first, second = replicas
+    sync = LoraSync([first.url, second.url], "policy", tmp_path / "out")
+    source = write_adapter(tmp_path)
+    sync.push(source)
+    second.ignore_loads = True
+    with pytest.raises(LoraSyncError, match=rf"replica {second.url}: .*not confirmed"):
+        sync.push(source)
+    assert sync.served_versions() == {first.url: 1, second.url: 1}
+
+
+def test_an_unreachable_replica_fails_the_publish_and_the_others_go_back(
+    replicas: list[FakeVLLM], tmp_path: Path
+) -> None:
+    """Replica b is gone: a TransportError naming it; a serves version 1 again."""
+    first, second = replicas
+    sync = LoraSync([first.url, second.url], "policy", tmp_path / "out", timeout=5)
+    source = write_adapter(tmp_path)
+    sync.push(source)
+    second.stop()
+    with pytest.raises(TransportError, match=rf"replica {second.url}: ") as info:
+        sync.push(source)
+    assert f"served on {first.url}" in str(info.value)
+    assert sync.version == 1 and first.adapters["policy"].endswith("v000001")
+
+
+def test_replicas_that_disagree_are_reported(replicas: list[FakeVLLM], tmp_path: Path) -> None:
+    first, second = replicas
+    sync = LoraSync([first.url, second.url], "policy", tmp_path / "out")
+    sync.push(write_adapter(tmp_path))
+    second.adapters["policy"] = str(sync.version_path(7))  # another process loaded something
+    with pytest.raises(LoraSyncError, match=rf"different versions.*{second.url}: 7"):
+        sync.served_version()
+
+
 def test_unreachable_server_is_a_transport_error(tmp_path: Path) -> None:
     """A server that went away: TransportError, and the version does not move."""
     fake = FakeVLLM().start()

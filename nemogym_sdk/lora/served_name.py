@@ -12,7 +12,7 @@ an error before the first rollout.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nemogym_sdk.directory import ServerDirectory, resolve_interpolations
@@ -68,7 +68,10 @@ def model_servers(config: Mapping[str, Any]) -> list[tuple[str, str, str, list[s
 
 
 def check_served_name(
-    directory: ServerDirectory, adapter_name: str, *, backend_url: str | None = None
+    directory: ServerDirectory,
+    adapter_name: str,
+    *,
+    backend_url: str | Sequence[str] | None = None,
 ) -> None:
     """Raise ``ConfigError`` unless NeMo Gym's model servers request ``adapter_name``.
 
@@ -78,10 +81,12 @@ def check_served_name(
             global config) says what each model server requests.
         adapter_name: the name the trainer serves its LoRA adapter under
             (``LoraSync.adapter_name``).
-        backend_url: the inference server the adapter is published to. With it, only
-            model servers whose ``base_url`` (a URL or a list) points there are checked,
-            and at least one must. ``localhost``, ``127.0.0.1`` and ``0.0.0.0`` count as
-            one host (``nemogym_sdk.hosts.same_endpoint``).
+        backend_url: the inference server the adapter is published to, or a list of
+            replicas it is published to (``LoraSync([...])``). With it, only model servers
+            whose ``base_url`` (a URL or a list) points there are checked, and at least one
+            must; each of those must send nowhere else (a replica the adapter is not
+            published to would answer with the base model). ``localhost``, ``127.0.0.1``
+            and ``0.0.0.0`` count as one host (``nemogym_sdk.hosts.same_endpoint``).
 
     Raises:
         ConfigError: a checked model server requests another model name (the message
@@ -101,16 +106,31 @@ def check_served_name(
         )
     servers = model_servers(directory.config)
     if backend_url is not None:
+        published = [backend_url] if isinstance(backend_url, str) else list(backend_url)
+
+        def ours(url: str) -> bool:
+            return any(same_endpoint(url, target) for target in published)
+
         listed = [f"{name} -> {', '.join(urls) or '(no base_url)'}" for name, _, _, urls in servers]
-        servers = [s for s in servers if any(same_endpoint(u, backend_url) for u in s[3])]
+        servers = [s for s in servers if any(ours(u) for u in s[3])]
         if not servers:
             raise ConfigError(
-                f"no NeMo Gym model server sends requests to {backend_url}; rollouts would not "
-                f"sample adapter {adapter_name!r} from it. Model servers: "
+                f"no NeMo Gym model server sends requests to {', '.join(published)}; rollouts "
+                f"would not sample adapter {adapter_name!r} from it. Model servers: "
                 f"{'; '.join(listed) or '(none)'}. Point the model server's base_url at the "
                 "inference server the adapter is loaded on (PolicyModel(base_url=...) / "
                 "policy_base_url)."
             )
+        for instance, _, _, urls in servers:
+            elsewhere = [u for u in urls if not ours(u)]
+            if elsewhere:
+                raise ConfigError(
+                    f"model server {instance!r} also sends requests to {', '.join(elsewhere)}, "
+                    f"where adapter {adapter_name!r} is not published (it is published to "
+                    f"{', '.join(published)}): those rollouts would sample another policy. "
+                    "Publish to every replica the model server uses (LoraSync([...])), or "
+                    "drop the others from its base_url."
+                )
     elif not servers:
         raise ConfigError(
             "the NeMo Gym config has no model server (no responses_api_models block with a "

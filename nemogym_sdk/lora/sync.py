@@ -19,6 +19,13 @@ server's own message, ``TransportError``, ``DeadlineError``); none is a warning.
 failed load the last confirmed version is loaded again when possible, so that the server
 and ``version`` agree; the error says whether that worked.
 
+**Several replicas** (``base_url`` a list: samplers that serve one policy, e.g. behind
+``vllm-router``, which forwards a load to one worker only): steps 2 and 3 run on each, and
+the publish is all or nothing: if a replica refuses the version (or does not confirm it),
+every replica that had loaded it loads the last confirmed version again, and the error
+names the replica that refused. (``nemogym_sdk.serve`` in front of a router does the same
+fan-out itself, so a ``LoraSync`` pointed at it needs one URL.)
+
 ``LoraSync`` is called by one process: rank 0 calls ``initialize`` and ``sync``; other
 ranks wait at a barrier, which is the trainer's job (``install_lora_sync`` does it).
 """
@@ -27,11 +34,10 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -39,28 +45,18 @@ from typing import Any, Self
 import attrs
 import requests
 
-from nemogym_sdk._http import server_message
 from nemogym_sdk.errors import ConfigError, LoraSyncError, NemoGymError
 from nemogym_sdk.hosts import server_root
 from nemogym_sdk.lora import _adapter
 from nemogym_sdk.lora.probe import (
-    ENABLE_RUNTIME_LORA,
-    LOAD_ROUTE,
-    UNLOAD_ROUTE,
     LoraCapabilities,
-    probe_lora_support,
-    read_models,
-    request,
 )
+from nemogym_sdk.lora.replica import AdapterServer, Published
 from nemogym_sdk.lora.versions import AdapterVersions
-from nemogym_sdk.wire import CARD_VERSIONS_KEPT_FIELD, LOAD_VERSION_FIELD
 
 __all__ = ["LoraSync", "SyncRecord"]
 
 logger = logging.getLogger(__name__)
-
-_VERSION_DIR = re.compile(r"v(\d{6,})")
-_MAX_BODY = 2000
 
 
 @attrs.frozen(kw_only=True)
@@ -90,7 +86,9 @@ class LoraSync:
     """Publish a trainer's LoRA adapter to a vLLM-compatible server after each step.
 
     Args:
-        base_url: the inference server, ``http://host:port`` or ``http://host:port/v1``.
+        base_url: the inference server, ``http://host:port`` or ``http://host:port/v1``; or
+            a list of them, replicas that serve one policy (each gets every version, all or
+            nothing).
         adapter_name: the name to serve the adapter under. It must be the model name
             NeMo Gym's model server requests (see ``check_served_name``), or rollouts
             sample the base model.
@@ -105,7 +103,7 @@ class LoraSync:
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         adapter_name: str,
         directory: str | os.PathLike[str],
         *,
@@ -122,8 +120,13 @@ class LoraSync:
             raise ConfigError(f"keep must be >= 1 (the served version stays on disk), got {keep}")
         if timeout <= 0:
             raise ConfigError(f"timeout must be > 0, got {timeout}")
-        self.base_url = server_root(base_url)
-        """Server root, ``http://host:port``."""
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        if not urls:
+            raise ConfigError("LoraSync needs at least one server URL")
+        self.base_urls: tuple[str, ...] = tuple(dict.fromkeys(server_root(u) for u in urls))
+        """Every server root the adapter is published to (the replicas)."""
+        self.base_url = self.base_urls[0]
+        """The first server root, ``http://host:port``."""
         self.adapter_name = adapter_name
         """The name the adapter is served under."""
         self.directory = Path(directory).expanduser().resolve()
@@ -137,11 +140,20 @@ class LoraSync:
         self._owns_session = session is None
         self._api_key = api_key
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._capabilities: LoraCapabilities | None = None
-        self._loaded: bool | None = None  # is adapter_name loaded on the server?
+        several = len(self.base_urls) > 1
+        self._servers = [
+            AdapterServer(
+                url,
+                adapter_name,
+                http=self._http,
+                timeout=timeout,
+                headers=self._headers,
+                label=f"replica {url}: " if several else "",
+            )
+            for url in self.base_urls
+        ]
         self._history: list[SyncRecord] = []
         self._lock = threading.Lock()
-        self._told_unknown_routes = False
 
     # --- state ----------------------------------------------------------------------------
 
@@ -162,32 +174,30 @@ class LoraSync:
 
     @property
     def capabilities(self) -> LoraCapabilities | None:
-        """What the server offers, once probed (the first publish probes)."""
-        return self._capabilities
+        """What the (first) server offers, once probed (the first publish probes)."""
+        caps: LoraCapabilities | None = self._servers[0].capabilities
+        return caps
 
     def version_path(self, version: int) -> Path:
         """The directory of ``version``: ``<directory>/<adapter_name>/v{version:06d}``."""
         return self._store.path(version)
 
     def __repr__(self) -> str:
+        where = self.base_url if len(self.base_urls) == 1 else list(self.base_urls)
         return (
-            f"LoraSync(base_url={self.base_url!r}, adapter_name={self.adapter_name!r}, "
+            f"LoraSync(base_url={where!r}, adapter_name={self.adapter_name!r}, "
             f"version={self.version!r}, directory={str(self.directory)!r})"
         )
 
     # --- public operations ----------------------------------------------------------------
 
     def probe(self) -> LoraCapabilities:
-        """Read the server's LoRA capabilities now (``probe_lora_support``); loads nothing."""
-        caps = probe_lora_support(
-            self.base_url,
-            timeout=self.timeout,
-            api_key=self._api_key,
-            session=self._http,
-        )
-        assert caps is not None  # a URL always gives capabilities
-        self._capabilities = caps
-        self._loaded = self.adapter_name in caps.adapters
+        """Read every server's LoRA capabilities now (``probe_lora_support``); loads nothing.
+        Returns the first one's."""
+        first, *others = self._servers
+        caps = first.probe()
+        for server in others:
+            server.probe()
         return caps
 
     def initialize(self, model: object, *, require_zero: bool = True) -> SyncRecord:
@@ -245,22 +255,34 @@ class LoraSync:
         """The version the server serves now, read back from ``/v1/models``.
 
         ``None`` when the adapter is not loaded, or was loaded from a path that is not one
-        of this ``LoraSync``'s version directories.
+        of this ``LoraSync``'s version directories. With several replicas, the version all
+        of them serve; ``LoraSyncError`` naming each when they differ.
         """
-        cards = read_models(self._http, self.base_url, timeout=self.timeout, headers=self._headers)
-        root = _root_of(cards, self.adapter_name)
-        if root is None:
-            return None
-        return self._store.version_of(root)
+        served = self.served_versions()
+        found = set(served.values())
+        if len(found) > 1:
+            listing = ", ".join(f"{url}: {version}" for url, version in served.items())
+            raise LoraSyncError(
+                f"the replicas serve different versions of adapter "
+                f"{self.adapter_name!r} ({listing})"
+            )
+        return found.pop()
+
+    def served_versions(self) -> dict[str, int | None]:
+        """The version each server serves now (``served_version`` per replica)."""
+        out: dict[str, int | None] = {}
+        for server in self._servers:
+            root = server.served_root()
+            out[server.url] = None if root is None else self._store.version_of(root)
+        return out
 
     def versions_kept(self) -> int | None:
         """How many versions of the adapter the server keeps loaded side by side
         (``nemogym_sdk.serve --adapter-versions``), read from its ``/v1/models`` card; None
-        when the server does not say (vLLM alone) or does not list the adapter."""
-        cards = read_models(self._http, self.base_url, timeout=self.timeout, headers=self._headers)
-        card = next((c for c in cards if c.get("id") == self.adapter_name), None)
-        kept = None if card is None else card.get(CARD_VERSIONS_KEPT_FIELD)
-        return kept if isinstance(kept, int) and not isinstance(kept, bool) else None
+        when the server does not say (vLLM alone) or does not list the adapter. With several
+        replicas, the fewest any of them keeps."""
+        kept = [server.versions_kept() for server in self._servers]
+        return None if None in kept else min(k for k in kept if k is not None)
 
     def require_versions_kept(self, count: int) -> None:
         """Raise ``ConfigError`` unless the server keeps ``count`` versions of the adapter
@@ -321,15 +343,13 @@ class LoraSync:
                 raise self._initialized_twice()
             version = 0 if initial else self._next_version()
             began = time.perf_counter()
-            caps = self._capabilities or self.probe()
-            _require_lora(caps)
+            for server in self._servers:
+                _require_lora(server.capabilities or server.probe())
             writing = time.perf_counter()
             final = self._store.write(version, write)
             saved = time.perf_counter()
-            inplace = self._load(final, version)
+            inplace, load_s = self._load_everywhere(final, version)
             loaded = time.perf_counter()
-            self._confirm(final, version)
-            confirmed = time.perf_counter()
             self._prune(keep_also=final)
             record = SyncRecord(
                 version=version,
@@ -337,135 +357,43 @@ class LoraSync:
                 path=str(final),
                 inplace=inplace,
                 save_s=saved - writing,
-                load_s=loaded - saved,
-                confirm_s=confirmed - loaded,
+                load_s=load_s,
+                confirm_s=loaded - saved - load_s,
                 total_s=time.perf_counter() - began,
             )
             self._history.append(record)
             logger.info(
-                "LoRA adapter %r version %d served from %s (%s, %.3f s)",
+                "LoRA adapter %r version %d served from %s by %d server(s) (%s, %.3f s)",
                 self.adapter_name,
                 version,
                 final,
+                len(self._servers),
                 "in place" if inplace else "loaded",
                 record.total_s,
             )
             return record
 
-    def _post(self, route: str, body: dict[str, Any]) -> requests.Response:
-        return request(
-            self._http,
-            "POST",
-            f"{self.base_url}{route}",
-            timeout=self.timeout,
-            headers=self._headers,
-            body=body,
-        )
-
-    def _load(self, path: Path, version: int) -> bool:
-        """Load ``path`` under the adapter name; return whether it was swapped in place."""
-        caps = self._capabilities
-        assert caps is not None
-        loaded = bool(self._loaded)
-        inplace = caps.inplace and loaded
-        if loaded and not caps.inplace:
-            if not caps.routes_known and not self._told_unknown_routes:
-                self._told_unknown_routes = True
-                logger.warning(
-                    "%s/openapi.json unreadable (%s): replacing adapter %r by unload then load; "
-                    "requests for it fail with 404 until the load completes",
-                    self.base_url,
-                    caps.routes_error,
-                    self.adapter_name,
-                )
-            response = self._post(UNLOAD_ROUTE, {"lora_name": self.adapter_name})
-            if response.status_code >= 400 and response.status_code != 404:
-                raise self._failure("unload", response, version, path)
-            self._loaded = False
-        body: dict[str, Any] = {
-            "lora_name": self.adapter_name,
-            "lora_path": str(path),
-            LOAD_VERSION_FIELD: version,
-        }
-        if inplace:
-            body["load_inplace"] = True
-        response = self._post(LOAD_ROUTE, body)
-        if response.status_code >= 400:
-            error = self._failure("load", response, version, path)
-            raise LoraSyncError(
-                f"{error} {self._restore_last()}",
-                error.status,
-                error.body,
-                error.server_message,
-            )
-        self._loaded = True
-        return inplace
-
-    def _confirm(self, path: Path, version: int) -> None:
-        cards = read_models(self._http, self.base_url, timeout=self.timeout, headers=self._headers)
-        root = _root_of(cards, self.adapter_name)
-        self._loaded = root is not None
-        if root is None or os.path.normpath(root) != os.path.normpath(path):
-            seen = "does not list it" if root is None else f"reports root {root!r}"
-            raise LoraSyncError(
-                f"the server accepted adapter {self.adapter_name!r} version {version} "
-                f"({path}), but GET {self.base_url}/v1/models {seen}; the version was not "
-                "confirmed. Is another process loading adapters under the same name?"
-            )
-
-    def _restore_last(self) -> str:
-        """After a failed load, load the last confirmed version again; say what happened."""
-        if not self._history:
-            return "No earlier version of it was published by this LoraSync."
-        last = self._history[-1]
-        try:
-            cards = read_models(
-                self._http, self.base_url, timeout=self.timeout, headers=self._headers
-            )
-            root = _root_of(cards, self.adapter_name)
-            if root is not None and os.path.normpath(root) == os.path.normpath(last.path):
-                self._loaded = True
-                return f"The server still serves version {last.version}."
-            body: dict[str, Any] = {
-                "lora_name": self.adapter_name,
-                "lora_path": last.path,
-                LOAD_VERSION_FIELD: last.version,
-            }
-            if root is not None and self._capabilities is not None and self._capabilities.inplace:
-                body["load_inplace"] = True  # vLLM records the failed path as root: undo it
-            response = self._post(LOAD_ROUTE, body)
-            if response.status_code >= 400:
-                self._loaded = root is not None
-                return (
-                    f"Reloading version {last.version} failed too (HTTP {response.status_code}: "
-                    f"{server_message(response)}); requests for {self.adapter_name!r} may fail."
-                )
-        except NemoGymError as exc:  # reported inside the error being raised
-            return f"Reloading version {last.version} failed too ({type(exc).__name__}: {exc})."
-        self._loaded = True
-        return f"Version {last.version} was loaded again and is served."
-
-    def _failure(
-        self, action: str, response: requests.Response, version: int, path: Path
-    ) -> LoraSyncError:
-        message = server_message(response)
-        hint = ""
-        if response.status_code in (404, 405) and message in ("Not Found", "Method Not Allowed"):
-            hint = f" The server has no such route. {ENABLE_RUNTIME_LORA}"
-        elif "max_lora_rank" in message:
-            hint = " Start vLLM with a --max-lora-rank at least the adapter's r."
-        elif "No adapter found" in message or "does not exist" in message:
-            hint = (
-                f" The server must be able to read {path}: run it on the same host as the "
-                "trainer, or put directory= on a filesystem both see at the same path."
-            )
-        return LoraSyncError(
-            f"{action} of LoRA adapter {self.adapter_name!r} version {version} ({path}) failed: "
-            f"HTTP {response.status_code}: {message}.{hint}",
-            response.status_code,
-            response.text[:_MAX_BODY],
-            message,
-        )
+    def _load_everywhere(self, path: Path, version: int) -> tuple[bool, float]:
+        """Load and confirm ``version`` on every server, or none: (whether every load was
+        in place, seconds in the loads). A refusal on one restores the last version on
+        those that had it loaded, and the error says so."""
+        last = (self._history[-1].version, self._history[-1].path) if self._history else None
+        several = len(self._servers) > 1
+        done: list[AdapterServer] = []
+        inplace, load_s = True, 0.0
+        for server in self._servers:
+            began = time.perf_counter()
+            try:
+                inplace = server.load(path, version, last) and inplace  # a refusal restores it
+            except NemoGymError as error:
+                raise _undone(error, server, done, last) from None
+            load_s += time.perf_counter() - began
+            try:
+                server.confirm(path, version)
+            except NemoGymError as error:
+                raise _undone(error, server, [*done, server] if several else done, last) from None
+            done.append(server)
+        return inplace, load_s
 
     def _prune(self, *, keep_also: Path) -> None:
         """Delete version directories except the newest ``keep`` confirmed ones."""
@@ -476,14 +404,31 @@ class LoraSync:
 # --- helpers ------------------------------------------------------------------------------
 
 
+def _undone(
+    error: NemoGymError,
+    server: AdapterServer,
+    servers: list[AdapterServer],
+    last: Published | None,
+) -> NemoGymError:
+    """``error`` after loading ``last`` again on ``servers`` (the replicas that had loaded
+    the refused version), saying what that did; named by the replica when there are
+    several."""
+    if not servers and not server.label:
+        return error
+    note = " ".join(s.restore(last) for s in servers)
+    if isinstance(error, LoraSyncError):
+        return LoraSyncError(
+            f"{error} {note}".rstrip(), error.status, error.body, error.server_message
+        )
+    message = f"{error} {note}".rstrip()
+    if server.label and not str(error).startswith(server.label):
+        message = f"{server.label}{message}"
+    try:
+        return type(error)(message)
+    except TypeError:  # an error class with other arguments: keep it, with the note
+        return LoraSyncError(f"{type(error).__name__}: {message}")
+
+
 def _require_lora(caps: LoraCapabilities) -> None:
     if caps.routes_known and not caps.supports_lora:
         raise ConfigError(f"cannot sync LoRA adapters to {caps.base_url}: {caps.why_not()}")
-
-
-def _root_of(cards: list[Any], name: str) -> str | None:
-    for card in cards:
-        if card.get("id") == name:
-            root = card.get("root")
-            return str(root) if root is not None else ""
-    return None

@@ -66,11 +66,15 @@ def test_an_unresolvable_name_is_reported_as_written() -> None:
 
 
 def test_list_base_urls_and_equivalent_loopback_hosts() -> None:
-    """A list of base URLs counts if any entry is the backend; 0.0.0.0 = localhost = 127.0.0.1."""
+    """NeMo Gym's vllm_model spreads rollouts over every URL of a base_url list, so the
+    adapter must be published to each (replicas: a list of backend URLs); 0.0.0.0 =
+    localhost = 127.0.0.1. A model server that also sends to a URL the adapter does not
+    reach is an error naming that URL."""
     urls = ["http://10.0.0.5:8000/v1", "http://0.0.0.0:8001/v1"]
     cfg = config(policy_model=vllm_model(urls, "policy"))
-    check_served_name(cfg, "policy", backend_url="http://localhost:8001/v1")
-    check_served_name(cfg, "policy", backend_url="10.0.0.5:8000")
+    check_served_name(cfg, "policy", backend_url=["http://localhost:8001/v1", "10.0.0.5:8000"])
+    with pytest.raises(ConfigError, match=r"also sends requests to http://10\.0\.0\.5:8000/v1"):
+        check_served_name(cfg, "policy", backend_url="http://localhost:8001/v1")
     with pytest.raises(ConfigError, match="no NeMo Gym model server sends requests to"):
         check_served_name(cfg, "policy", backend_url="http://127.0.0.1:8002")
 
