@@ -185,6 +185,9 @@ def sampler(config: TrainConfig, out: Path, device: str = "cpu") -> Iterator[str
     from nemogym_sdk.gym import start_serve
 
     model = None if config.model == "tiny" else config.model
+    if config.several_samplers:
+        yield from _replicated_sampler(config, out, model, device)
+        return
     if config.backend == "transformers":
         with start_serve(
             mode="sample",
@@ -229,6 +232,47 @@ def _vllm_sampler(config: TrainConfig, out: Path, model: str | None, device: str
         ) as proxy,
     ):
         yield proxy.base_url
+
+
+def _replicated_sampler(
+    config: TrainConfig, out: Path, model: str | None, device: str
+) -> Iterator[str]:
+    """Several replicas behind ``vllm-router``, ``nemogym_sdk.serve`` in front of it: the
+    ones started here (``replicas``), or running ones (``router_url`` + ``replica_urls``)."""
+    from nemogym_sdk.gym import start_samplers, start_serve
+    from nemogym_sdk.serve.tiny import save_tiny
+
+    model_dir = Path(model) if model is not None else save_tiny(out / "model", config.seed)
+    logs = out / "logs"
+    if config.router_url is not None:
+        args = ["--backend", "vllm", "--vllm-url", openai_url(config.router_url)]
+        args += [a for url in config.replica_urls for a in ("--replica", openai_url(url))]
+        with start_serve(
+            mode="sample",
+            logprobs_mode="processed_logprobs",
+            model=str(model_dir),
+            extra_args=[*args, *_version_args(config)],
+            log_path=logs / "serve.log",
+        ) as proxy:
+            yield proxy.base_url
+        return
+    on_gpu = device.startswith("cuda")
+    replica_args = ["--device", device] if config.backend == "transformers" else []
+    if config.backend == "vllm" and on_gpu:
+        replica_args = ["--gpu-memory-utilization", str(round(0.5 / config.replicas, 2))]
+    with start_samplers(
+        config.replicas,
+        model_dir,
+        backend=config.backend,
+        seed=config.seed,
+        adapter_versions=config.adapter_versions,
+        version_policy=config.version_policy,
+        max_model_len=config.max_model_len,
+        max_lora_rank=next(r for r in (8, 16, 32, 64, 128, 256, 512) if r >= config.lora_rank),
+        replica_args=replica_args,
+        log_dir=logs,
+    ) as fleet:
+        yield fleet.base_url
 
 
 def _version_args(config: TrainConfig) -> list[str]:
@@ -388,6 +432,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
             directory,
             sampling=setup.sampling,
             timeouts=Timeouts(request=config.episode_timeout or 600.0),
+            group_affinity=config.several_samplers,  # a group's rollouts on one replica
         ) as client,
         outputs(config, out, start, rank) as log,
         contextlib.ExitStack() as closing,

@@ -45,6 +45,15 @@ class TrainConfig:
     backend_url: str | None = None
     """Attach to a running sampler at this URL instead of starting one (it must serve the
     same weights and runtime LoRA routes)."""
+    replicas: int = 1
+    """Sampler replicas to start (``backend`` each), behind ``vllm-router``, with
+    ``nemogym_sdk.serve`` in front splicing and publishing every adapter to all of them
+    (``nemogym_sdk.gym.start_samplers``); a group's rollouts stay on one replica."""
+    router_url: str | None = None
+    """Attach to replicas already running behind this ``vllm-router`` (with
+    ``replica_urls``): only the proxy in front is started."""
+    replica_urls: tuple[str, ...] = ()
+    """The replicas behind ``router_url`` (each gets every adapter version)."""
     device: str = "auto"
     """Where the learner (model, batches, loss) runs, and the ``transformers`` sampler it
     starts: ``auto`` (``cuda`` when torch sees a GPU, else ``cpu``), ``cpu``, ``cuda`` or
@@ -118,6 +127,7 @@ class TrainConfig:
         if self.loss not in LOSSES:
             raise ConfigError(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
         self._check_async()
+        self._check_replicas()
         positive = ("steps", "rows_per_step", "num_generations", "lora_rank", "micro_batch_size")
         for name in (*positive, "max_model_len", "checkpoint_every"):
             if getattr(self, name) < 1:
@@ -135,6 +145,35 @@ class TrainConfig:
                 f"model {self.model!r} is neither 'tiny' nor a local Hugging Face model "
                 "directory (no config.json there); models are not downloaded"
             )
+
+    def _check_replicas(self) -> None:
+        if self.replicas < 1:
+            raise ConfigError(f"replicas must be >= 1, got {self.replicas}")
+        if bool(self.router_url) != bool(self.replica_urls):
+            raise ConfigError(
+                "router_url and replica_urls go together: the router the proxy generates "
+                "through, and the replicas behind it that every adapter is published to"
+            )
+        attached = [
+            name
+            for name, on in (
+                ("backend_url", self.backend_url is not None),
+                ("router_url", self.router_url is not None),
+                ("replicas > 1", self.replicas > 1),
+            )
+            if on
+        ]
+        if len(attached) > 1:
+            raise ConfigError(
+                f"{' and '.join(attached)} are different samplers: start replicas (replicas), "
+                "attach to running ones (router_url + replica_urls), or to one sampler "
+                "(backend_url)"
+            )
+
+    @property
+    def several_samplers(self) -> bool:
+        """Whether rollouts go through a router to several sampler replicas."""
+        return self.replicas > 1 or bool(self.replica_urls)
 
     def _check_async(self) -> None:
         choices = (
