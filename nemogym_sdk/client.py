@@ -7,6 +7,11 @@
 - Rows route by ``agent_ref.name``; rows without one go to the deployment's default
   agent (``ServerDirectory.default_agent``); an unknown name raises
   ``UnknownAgentError`` before anything is sent.
+- Several deployments (a list of ``ServerDirectory``): a row goes to a deployment that runs
+  its agent, the one with the fewest of the client's rollouts in flight; a deployment that
+  refuses connections is skipped for a while and the rollout is sent to another (the
+  episode never started there), so a deployment that goes away costs typed failures at
+  most, never a hang (``nemogym_sdk._balance``).
 - Every requested rollout comes back, as a result or a typed failure, tagged with its
   row id and repeat index: in input order (``run``, ``run_sync``) or as they complete
   (``stream``). Each result is parsed as soon as it arrives, while the others play.
@@ -24,11 +29,13 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, Coroutine, Iterable, Mapping
+from collections.abc import AsyncGenerator, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 import attrs
 
+from nemogym_sdk._aio import Outcome
+from nemogym_sdk._balance import Balancer
 from nemogym_sdk._session import STATUS_OF, SessionOwner
 from nemogym_sdk.directory import ServerDirectory
 from nemogym_sdk.errors import ConfigError, DataError, UnknownAgentError
@@ -69,6 +76,8 @@ class RawRun:
     """Attempts made, retries included."""
     seconds: float = 0.0
     """Wall time from start of the first attempt to the end of the last."""
+    url: str = ""
+    """The agent's ``/run`` URL the last attempt went to (which deployment played it)."""
 
     def json(self) -> Any:
         """The decoded body (None when there is none)."""
@@ -99,8 +108,8 @@ class _Job(NamedTuple):
     position: int
     request: RolloutRequest
     agent_name: str
-    url: str
-    """``<agent base URL>/run``."""
+    urls: tuple[str, ...]
+    """``<agent base URL>/run`` in each deployment that runs the agent."""
     body: bytes
     """The encoded ``/run`` body (encoded before anything is sent)."""
 
@@ -115,7 +124,9 @@ class AgentClient(SessionOwner):
             rollouts = client.run_sync(rows, eos_token_id=tok.eos_token_id, num_generations=8)
 
     Args:
-        agents: a ``ServerDirectory``, or agent instance name -> URL.
+        agents: a ``ServerDirectory``, or agent instance name -> URL; or a list of
+            ``ServerDirectory``, several deployments played together (each row goes to one
+            that runs its agent, balanced, failing over when one refuses connections).
         default_agent: agent for rows without ``agent_ref``; default the directory's
             (``ServerDirectory.default_agent``: the only agent when there is one).
         sampling: sampling parameters forced onto every row (see ``SamplingParams``);
@@ -133,7 +144,7 @@ class AgentClient(SessionOwner):
 
     def __init__(
         self,
-        agents: Mapping[str, str] | ServerDirectory,
+        agents: Mapping[str, str] | ServerDirectory | Sequence[ServerDirectory],
         *,
         default_agent: str | None = None,
         sampling: SamplingParams = SamplingParams(),
@@ -151,11 +162,25 @@ class AgentClient(SessionOwner):
             max_per_host=max_per_host,
             seed=seed,
         )
-        directory = ServerDirectory.of(agents, AGENTS)
+        deployments = (
+            [ServerDirectory.of(agents, AGENTS)]
+            if isinstance(agents, (Mapping, ServerDirectory))
+            else list(agents)
+        )
+        if not deployments:
+            raise ConfigError("AgentClient needs at least one deployment")
         if default_agent is not None:  # an unknown default is an UnknownAgentError now
-            directory = directory.with_default_agent(default_agent)
-        self.directory = directory
-        """The deployment the rows are played on."""
+            if not any(default_agent in d.agents for d in deployments):
+                deployments[0].with_default_agent(default_agent)  # raises, naming the agents
+            deployments = [
+                d.with_default_agent(default_agent) if default_agent in d.agents else d
+                for d in deployments
+            ]
+        self.deployments: tuple[ServerDirectory, ...] = tuple(deployments)
+        """Every deployment the rows are played on."""
+        self.directory = deployments[0]
+        """The (first) deployment the rows are played on."""
+        self._balancer = Balancer()
         self.sampling = sampling
         """The sampling parameters forced onto every row."""
         self.group_affinity = group_affinity
@@ -163,8 +188,23 @@ class AgentClient(SessionOwner):
 
     @property
     def default_agent(self) -> str | None:
-        """The agent rows without ``agent_ref`` go to (``ServerDirectory.default_agent``)."""
-        return self.directory.default_agent
+        """The agent rows without ``agent_ref`` go to (``ServerDirectory.default_agent``, of
+        the first deployment that has one)."""
+        return next((d.default_agent for d in self.deployments if d.default_agent), None)
+
+    @property
+    def agent_urls(self) -> dict[str, tuple[str, ...]]:
+        """Agent name -> its base URL in each deployment that runs it."""
+        urls: dict[str, list[str]] = {}
+        for deployment in self.deployments:
+            for name, url in deployment.agents.items():
+                urls.setdefault(name, []).append(url)
+        return {name: tuple(dict.fromkeys(found)) for name, found in urls.items()}
+
+    @property
+    def unreachable(self) -> list[str]:
+        """Agent ``/run`` URLs that refused connections recently (skipped for a while)."""
+        return self._balancer.down()
 
     # --- planning ---------------------------------------------------------------------------
 
@@ -173,7 +213,7 @@ class AgentClient(SessionOwner):
         if name is None:
             raise UnknownAgentError(
                 f"row {request.row.row_id} has no agent_ref.name and no default agent is set; "
-                f"known agents: {', '.join(self.directory.agents) or '(none)'}"
+                f"known agents: {', '.join(self.agent_urls) or '(none)'}"
             )
         return name
 
@@ -199,12 +239,17 @@ class AgentClient(SessionOwner):
     def _jobs(self, rows: Iterable[RowInput], num_generations: int) -> list[_Job]:
         """Expand, route and encode every request; raises before anything is sent."""
         overrides = self.sampling.overrides()
-        urls = {name: f"{url}{RUN_ROUTE}" for name, url in self.directory.agents.items()}
+        urls = {
+            name: tuple(f"{url}{RUN_ROUTE}" for url in found)
+            for name, found in self.agent_urls.items()
+        }
         jobs = []
         for index, request in enumerate(self._plan(rows, num_generations)):
             name = self._route(request)
             if name not in urls:
-                self.directory.agent_url(name)  # raises UnknownAgentError naming the agents
+                raise UnknownAgentError(
+                    f"no agent named {name!r}; known agents: {', '.join(urls) or '(none)'}"
+                )
             data = request.row.data
             if self.group_affinity:
                 data = with_affinity(data, request.row.row_id)
@@ -223,17 +268,30 @@ class AgentClient(SessionOwner):
     # --- one exchange ---------------------------------------------------------------------
 
     async def _play(self, job: _Job, deadline: float | None) -> RawRun:
-        per_host, everyone = self._limits(job.url)
         started = time.monotonic()
-        if per_host is None:  # the per-host limit cannot bind: skip it (hot path)
-            async with everyone:
-                attempt = await self._send(job.url, job.body, deadline)
-        else:
-            async with per_host, everyone:
-                attempt = await self._send(job.url, job.body, deadline)
+        tried: list[str] = []
+        attempts = 0
+        while True:
+            url = self._balancer.pick(job.urls, tried)
+            tried.append(url)
+            per_host, everyone = self._limits(url)
+            with self._balancer.using(url):
+                if per_host is None:  # the per-host limit cannot bind: skip it (hot path)
+                    async with everyone:
+                        attempt = await self._send(url, job.body, deadline)
+                else:
+                    async with per_host, everyone:
+                        attempt = await self._send(url, job.body, deadline)
+            attempts += attempt.attempts
+            if attempt.outcome is not Outcome.CONNECTION or len(job.urls) == 1:
+                break
+            self._balancer.failed(url)  # nothing started there: another deployment plays it
+            if len(tried) == len(job.urls):
+                break
         error = attempt.error
-        if error is not None and attempt.attempts > 1:
-            error = f"{error} (after {attempt.attempts} attempts)"
+        if error is not None and attempts > 1:
+            where = f" ({len(tried)} deployments)" if len(tried) > 1 else ""
+            error = f"{error} (after {attempts} attempts{where})"
             logger.debug("row %s: %s", job.request.row.row_id, error)
         return RawRun(
             request=job.request,
@@ -243,8 +301,9 @@ class AgentClient(SessionOwner):
             body=attempt.body if attempt.ok else None,
             error=error,
             http_status=attempt.status,
-            attempts=attempt.attempts,
+            attempts=attempts,
             seconds=time.monotonic() - started,
+            url=url,
         )
 
     async def _play_parsed(

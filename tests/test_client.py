@@ -269,3 +269,53 @@ def test_agent_client_public_methods() -> None:
         "run_sync",
         "stream",
     }
+
+
+def test_several_deployments_balance_rows_and_route_by_agent() -> None:
+    """Two deployments running agent ``a`` (the second also ``b``): ``a``'s rollouts spread
+    over both, ``b``'s go where ``b`` runs, and each raw exchange says where it played."""
+    from nemogym_sdk import ServerDirectory
+
+    with agent_server() as first, agent_server() as second:
+        deployments = [
+            ServerDirectory.from_urls(agents={"a": first.url}),
+            ServerDirectory.from_urls(agents={"a": second.url, "b": second.url}),
+        ]
+        with AgentClient(deployments) as client:
+            assert client.agent_urls == {"a": (first.url, second.url), "b": (second.url,)}
+            rows = [_row(i, "a") for i in range(8)] + [_row(8, "b")]
+            raw = client.run_raw_sync(rows, num_generations=4)
+    assert all(r.status is RolloutStatus.OK for r in raw)
+    on_first = sum(r.url == f"{first.url}/run" for r in raw if r.agent_name == "a")
+    assert 8 <= on_first <= 24  # 32 rollouts of a, spread over two deployments
+    assert {r.url for r in raw if r.agent_name == "b"} == {f"{second.url}/run"}
+    assert len(first.bodies) + len(second.bodies) == 36
+
+
+def test_a_deployment_that_goes_away_costs_no_rollout_and_no_hang() -> None:
+    """Deployment 1 stops answering: its rollouts are played by deployment 2 (a refused
+    connection started nothing), the client marks it unreachable; with both gone, every
+    rollout comes back as a typed ``TRANSPORT_ERROR`` within the retry budget."""
+    import time
+
+    from nemogym_sdk import RetryPolicy, ServerDirectory
+
+    with agent_server() as survivor:
+        with agent_server() as doomed:
+            gone = doomed.url
+        deployments = [
+            ServerDirectory.from_urls(agents={"a": gone}),
+            ServerDirectory.from_urls(agents={"a": survivor.url}),
+        ]
+        retry = RetryPolicy(max_attempts=2, base_delay=0.01)
+        with AgentClient(deployments, retry=retry) as client:
+            rollouts = client.run_sync([_row(i, "a") for i in range(6)], eos_token_id=2)
+            assert all(r.status is RolloutStatus.OK for r in rollouts)
+            assert client.unreachable == [f"{gone}/run"]
+    assert len(survivor.bodies) == 6
+    with AgentClient([ServerDirectory.from_urls(agents={"a": gone})] * 2, retry=retry) as client:
+        began = time.monotonic()
+        failed = client.run_sync([_row(0, "a")], eos_token_id=2, num_generations=3)
+    assert time.monotonic() - began < 10
+    assert {r.status for r in failed} == {RolloutStatus.TRANSPORT_ERROR}
+    assert all(r.error and "attempts" in r.error for r in failed)

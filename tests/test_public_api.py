@@ -383,6 +383,7 @@ SURFACE: dict[str, set[str]] = {
         "find_router",
         "start_router",
         "start_samplers",
+        "GymLauncher",
     },
     "nemogym_sdk.testing": {
         "BINARY_OR_GRID",

@@ -18,6 +18,10 @@ Configs are resolved by NeMo Gym's own parser, run in its venv
 (:mod:`nemogym_sdk.gym.resolve`); the SDK adds the policy, judges, ports, per-server venvs
 and the pairing of agent-less environments with an agent.
 
+``GymLauncher`` starts the same environments with NeMo Gym's own launcher (``gym env
+start``, Ray and the head server) instead; ``start_samplers`` starts sampler replicas
+behind ``vllm-router`` (``start_router``).
+
 See ``docs/gym-environments.md`` for what each shipped environment does, and
 ``docs/writing-an-environment.md`` for writing one (``SDK_ENVIRONMENTS``, e.g.
 ``target_chars``, ship with this package and start by name like NeMo Gym's own).
@@ -42,6 +46,7 @@ from nemogym_sdk.gym.errors import (
     ServerStartError,
     UvNotFoundError,
 )
+from nemogym_sdk.gym.launcher import GymLauncher
 from nemogym_sdk.gym.locate import (
     GYM_VENV_ENV_VAR,
     SDK_ENVS_DIR,
@@ -88,6 +93,7 @@ __all__ = [
     "EnvironmentLocation",
     "EnvironmentSetup",
     "GYM_VENV_ENV_VAR",
+    "GymLauncher",
     "GymStack",
     "GymVenv",
     "GymVenvNotFoundError",
