@@ -3,6 +3,8 @@
     python -m nemogym_sdk.train --config run.yaml --steps 40      # flags override the file
     torchrun --nproc_per_node=2 -m nemogym_sdk.train --steps 10    # rollouts sharded by group
     python -m nemogym_sdk.train --mode async --max-staleness 1     # rollouts never stop
+    python -m nemogym_sdk.train --replicas 4                       # samplers behind vllm-router
+    torchrun --nnodes=2 --nproc_per_node=8 ... -m nemogym_sdk.train --fsdp --dtype bfloat16
 
 A LoRA adapter on a model (the built-in tiny Llama, or a local Hugging Face directory) is
 trained on rollouts that NeMo Gym's agents play; the sampler (``nemogym_sdk.serve``, or real
@@ -10,10 +12,14 @@ vLLM behind it) serves the adapter by name and gets every new version after each
 Top to bottom:
 
     0. config        TrainConfig from the file and the flags (nemogym_sdk.train_config)
-    1. processes     one, or several under torchrun (gloo); rank 0 owns the servers
-    2. model         the base model + a LoRA adapter (peft), tokenizer, on ``device``
-    3. sampler       start the backend (transformers or vLLM), or attach to one
-    4. environments  start NeMo Gym (GymStack), or attach through a head server
+    1. processes     one, or several under torchrun (NCCL on GPUs, gloo on CPUs); rank 0
+                     owns the servers (nemogym_sdk.train_learner)
+    2. model         the base model + a LoRA adapter (peft), tokenizer, on ``device``; after
+                     version 0 is published, sharded with FSDP2 (``fsdp``) and its optimizer
+    3. sampler       start the backend (transformers or vLLM, one or several replicas behind
+                     vllm-router), or attach (nemogym_sdk.train_sampler)
+    4. environments  start NeMo Gym (GymStack, or NeMo Gym's own launcher), or attach to one
+                     or several deployments through their head servers
     5. checks        served name = adapter name, prompt + completion fit max_model_len,
                      (async) the sampler keeps max_staleness + 2 adapter versions
     6. loop          rollouts -> collate -> advantages -> train_step -> LoRA sync; the
@@ -34,18 +40,13 @@ import contextlib
 import os
 import sys
 import time
-import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import attrs
-import requests
-
 from nemogym_sdk import (
     AgentClient,
     Rollout,
-    SamplingParams,
     ServerDirectory,
     TaskRow,
     Timeouts,
@@ -55,232 +56,33 @@ from nemogym_sdk import (
     load_rows,
     ranks,
 )
-from nemogym_sdk._http import check, send
-from nemogym_sdk.errors import ConfigError, NemoGymError
-from nemogym_sdk.hosts import openai_url
+from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.lora import LoraSync
 from nemogym_sdk.metrics import RolloutStats
 from nemogym_sdk.train_config import TrainConfig, parse_config, resolve_device
+from nemogym_sdk.train_learner import (
+    Setup,
+    adapter_state,
+    build_policy,
+    prepare,
+    setup_processes,
+)
 from nemogym_sdk.train_outputs import (
     finish,
-    load_checkpoint,
+    load_adapter_checkpoint,
     load_state,
     outputs,
     save_checkpoint,
 )
 from nemogym_sdk.train_play import play
+from nemogym_sdk.train_sampler import sampler
 from nemogym_sdk.wire import RESPONSES_CREATE_PARAMS, input_messages
 
-__all__ = ["main", "run"]
+__all__ = ["build_policy", "main", "run"]
 
 
-# --- 1. processes -------------------------------------------------------------------------
-
-
-def setup_processes() -> tuple[int, int]:
-    """(rank, world size); a gloo process group when torchrun started several."""
-    import torch.distributed as dist
-
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        dist.init_process_group("gloo")
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-# --- 2. model -----------------------------------------------------------------------------
-
-
-def build_policy(config: TrainConfig, device: str = "cpu") -> tuple[Any, Any]:
-    """(the base model with a fresh LoRA adapter, on ``device``, its tokenizer); the same
-    weights on every rank (fp32, built or loaded on the CPU, then moved)."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-
-    base: Any
-    tokenizer: Any
-    if config.model == "tiny":
-        from nemogym_sdk.serve.tiny import build_tiny_model, build_tiny_tokenizer
-
-        base, tokenizer = build_tiny_model(config.seed), build_tiny_tokenizer()
-    else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        base = AutoModelForCausalLM.from_pretrained(config.model, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(config.model)
-    torch.manual_seed(config.seed)  # peft draws LoRA's A from the global RNG: same on all ranks
-    lora = LoraConfig(
-        r=config.lora_rank,
-        lora_alpha=2 * config.lora_rank,
-        target_modules="all-linear",
-        lora_dropout=0.0,  # dropout would make the learner's logprobs differ from the sampler's
-    )
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", ".*is_gradient_checkpointing", FutureWarning)
-        return get_peft_model(base.to(device), lora), tokenizer
-
-
-@attrs.frozen(kw_only=True)
-class Setup:
-    """What every step of a run uses besides the model and the optimizer."""
-
-    config: TrainConfig
-    """The run's configuration."""
-    device: str
-    """Where the learner runs (``resolve_device``)."""
-    sampling: SamplingParams
-    """How the rollouts are sampled: forced onto every row by ``AgentClient`` and used by
-    ``train_step`` for the learner's logprobs (one record, so the two cannot differ)."""
-    loss: Any
-    """The policy loss (``PolicyLoss``)."""
-    pad: int
-    """The padding token id."""
-
-    @classmethod
-    def of(cls, config: TrainConfig, device: str, tokenizer: Any) -> Setup:
-        from nemogym_sdk.adapters.torch import PolicyLoss
-
-        eos = int(tokenizer.eos_token_id)
-        return cls(
-            config=config,
-            device=device,
-            sampling=SamplingParams(temperature=config.temperature),
-            loss=PolicyLoss(
-                loss_type=config.loss,
-                max_completion_length=config.max_completion_length,
-                importance_sampling=config.importance_sampling,
-                is_cap=config.is_cap,
-                is_floor=config.is_floor,
-            ),
-            pad=int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos),
-        )
-
-
-def adam(model: Any, config: TrainConfig) -> Any:
-    """Adam over the trainable (LoRA) parameters."""
-    import torch
-
-    return torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=config.lr)
-
-
-# --- 3. sampler ---------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def sampler(config: TrainConfig, out: Path, device: str = "cpu") -> Iterator[str]:
-    """The sampler's base URL (``.../v1``): started for this run (the ``transformers`` one on
-    ``device``, the learner's), or the one to attach to."""
-    logs = out / "logs"
-    if config.backend_url is not None:
-        url = openai_url(config.backend_url)
-        try:
-            with requests.Session() as http:
-                check(send(http, "GET", f"{url}/models", timeout=10), f"{url}/models")
-        except NemoGymError as exc:
-            raise ConfigError(
-                f"backend_url {url} is not reachable ({exc}); start the sampler first, or drop "
-                "backend_url to let nemogym-train start one"
-            ) from None
-        yield url
-        return
-    from nemogym_sdk.gym import start_serve
-
-    model = None if config.model == "tiny" else config.model
-    if config.several_samplers:
-        yield from _replicated_sampler(config, out, model, device)
-        return
-    if config.backend == "transformers":
-        with start_serve(
-            mode="sample",
-            logprobs_mode="processed_logprobs",  # the distribution sampled from: what GRPO needs
-            model=model,
-            seed=config.seed,
-            extra_args=["--device", device, *_version_args(config)],
-            log_path=logs / "serve.log",
-        ) as served:
-            yield served.base_url
-        return
-    yield from _vllm_sampler(config, out, model, device)
-
-
-def _vllm_sampler(config: TrainConfig, out: Path, model: str | None, device: str) -> Iterator[str]:
-    """Real vLLM, with ``nemogym_sdk.serve`` in front splicing token-exact multi-turn prompts."""
-    from nemogym_sdk.gym import start_serve, start_vllm
-    from nemogym_sdk.serve.tiny import save_tiny
-
-    model_dir = Path(model) if model is not None else save_tiny(out / "model", config.seed)
-    logs = out / "logs"
-    with (
-        start_vllm(
-            model_dir,
-            max_model_len=config.max_model_len,
-            max_lora_rank=next(r for r in (8, 16, 32, 64, 128, 256, 512) if r >= config.lora_rank),
-            max_loras=max(2, config.adapter_versions),  # every version kept, in one batch
-            seed=config.seed,
-            extra_args=[
-                *("--logprobs-mode", "processed_logprobs"),
-                # vLLM wants 90 % of a GPU free at start by default; the learner is on it too
-                *(("--gpu-memory-utilization", "0.5") if device.startswith("cuda") else ()),
-            ],
-            log_path=logs / "vllm.log",
-        ) as vllm,
-        start_serve(
-            mode="sample",
-            logprobs_mode="processed_logprobs",
-            model=str(model_dir),
-            extra_args=["--backend", "vllm", "--vllm-url", vllm.base_url, *_version_args(config)],
-            log_path=logs / "serve.log",
-        ) as proxy,
-    ):
-        yield proxy.base_url
-
-
-def _replicated_sampler(
-    config: TrainConfig, out: Path, model: str | None, device: str
-) -> Iterator[str]:
-    """Several replicas behind ``vllm-router``, ``nemogym_sdk.serve`` in front of it: the
-    ones started here (``replicas``), or running ones (``router_url`` + ``replica_urls``)."""
-    from nemogym_sdk.gym import start_samplers, start_serve
-    from nemogym_sdk.serve.tiny import save_tiny
-
-    model_dir = Path(model) if model is not None else save_tiny(out / "model", config.seed)
-    logs = out / "logs"
-    if config.router_url is not None:
-        args = ["--backend", "vllm", "--vllm-url", openai_url(config.router_url)]
-        args += [a for url in config.replica_urls for a in ("--replica", openai_url(url))]
-        with start_serve(
-            mode="sample",
-            logprobs_mode="processed_logprobs",
-            model=str(model_dir),
-            extra_args=[*args, *_version_args(config)],
-            log_path=logs / "serve.log",
-        ) as proxy:
-            yield proxy.base_url
-        return
-    on_gpu = device.startswith("cuda")
-    replica_args = ["--device", device] if config.backend == "transformers" else []
-    if config.backend == "vllm" and on_gpu:
-        replica_args = ["--gpu-memory-utilization", str(round(0.5 / config.replicas, 2))]
-    with start_samplers(
-        config.replicas,
-        model_dir,
-        backend=config.backend,
-        seed=config.seed,
-        adapter_versions=config.adapter_versions,
-        version_policy=config.version_policy,
-        max_model_len=config.max_model_len,
-        max_lora_rank=next(r for r in (8, 16, 32, 64, 128, 256, 512) if r >= config.lora_rank),
-        replica_args=replica_args,
-        log_dir=logs,
-    ) as fleet:
-        yield fleet.base_url
-
-
-def _version_args(config: TrainConfig) -> list[str]:
-    """The sampler keeps the adapter versions the staleness bound needs side by side."""
-    return [
-        *("--adapter-versions", str(config.adapter_versions)),
-        *("--version-policy", config.version_policy),
-    ]
+# --- 1. processes, 2. model: nemogym_sdk.train_learner -----------------------------------
+# --- 3. sampler: nemogym_sdk.train_sampler -------------------------------------------------
 
 
 # --- 4. environments ----------------------------------------------------------------------
@@ -289,35 +91,44 @@ def _version_args(config: TrainConfig) -> list[str]:
 @contextlib.contextmanager
 def environments(
     config: TrainConfig, base_url: str, out: Path
-) -> Iterator[tuple[ServerDirectory, str]]:
-    """The deployment the agents run in and the training file; checks the served name."""
-    if config.head_url is not None:
-        directory = ServerDirectory.from_head(config.head_url, wait=60)
-        check_served_name(directory, config.adapter_name, backend_url=base_url)
+) -> Iterator[tuple[list[ServerDirectory], str]]:
+    """The deployments the agents run in and the training file; checks the served name.
+
+    Attached through head servers (``head_url``), or started here by ``GymStack`` or NeMo
+    Gym's own launcher (``launcher``)."""
+    if config.head_url:
+        deployments = [ServerDirectory.from_head(head, wait=60) for head in config.head_url]
+        for deployment in deployments:
+            check_served_name(deployment, config.adapter_name, backend_url=base_url)
         if config.train_file is None:
             raise ConfigError("attaching through head_url needs train_file (NeMo Gym JSONL rows)")
-        yield directory, config.train_file
+        yield deployments, config.train_file
         return
-    from nemogym_sdk.gym import GymStack, PolicyModel
+    from nemogym_sdk.gym import GymLauncher, GymStack, PolicyModel
 
     policy = PolicyModel(base_url=base_url, model=config.adapter_name)  # requests the adapter
-    with GymStack(config.environments, policy, workdir=out / "gym") as stack:
-        check_served_name(stack.directory, config.adapter_name, backend_url=base_url)
-        first = config.environments[0]
-        train = config.train_file or stack.train_paths.get(first) or stack.example_paths[first]
-        yield stack.directory, str(train)
+    started: GymStack | GymLauncher = (
+        GymLauncher(config.environments, policy, workdir=out / "gym")
+        if config.launcher == "gym"
+        else GymStack(config.environments, policy, workdir=out / "gym")
+    )
+    with started:
+        check_served_name(started.directory, config.adapter_name, backend_url=base_url)
+        first = started.config.environment(config.environments[0])
+        train = config.train_file or first.train_path or first.example_path
+        yield [started.directory], str(train)
 
 
 @contextlib.contextmanager
 def servers(
     config: TrainConfig, out: Path, device: str, model: Any
-) -> Iterator[tuple[ServerDirectory, str, LoraSync | None]]:
+) -> Iterator[tuple[list[ServerDirectory], str, LoraSync | None]]:
     """Rank 0 starts the sampler and the environments and publishes adapter version 0; every
-    rank gets the deployment and the training file (the ``LoraSync`` only rank 0)."""
+    rank gets the deployments and the training file (the ``LoraSync`` only rank 0)."""
     with contextlib.ExitStack() as started:
         syncs: list[LoraSync] = []
 
-        def start() -> tuple[ServerDirectory, str]:
+        def start() -> tuple[list[ServerDirectory], str]:
             base_url = started.enter_context(sampler(config, out, device))
             found = started.enter_context(environments(config, base_url, out))
             sync = started.enter_context(
@@ -333,8 +144,8 @@ def servers(
             syncs.append(sync)
             return found
 
-        directory, train_file = ranks.on_main(start)
-        yield directory, train_file, (syncs[0] if syncs else None)
+        deployments, train_file = ranks.on_main(start)
+        yield deployments, train_file, (syncs[0] if syncs else None)
 
 
 # --- 5. checks ----------------------------------------------------------------------------
@@ -389,8 +200,11 @@ def learn(
     )
     learned = time.perf_counter()
     # the new adapter to the sampler (rank 0; every rank learns the outcome), before the
-    # next rollouts
-    version = ranks.on_main(lambda: None if sync is None else sync.sync(model).version)
+    # next rollouts; a sharded policy's adapter is gathered first (every rank takes part)
+    state = adapter_state(model)
+    version = ranks.on_main(
+        lambda: None if sync is None else sync.sync(model, state_dict=state).version
+    )
     synced = time.perf_counter()
     # the weights this step started from are the version before the one it published
     learner_version = None if version is None else version - 1
@@ -409,7 +223,7 @@ def learn(
 
 def run(config: TrainConfig) -> dict[str, Any]:
     """Train; returns the summary (also written to ``out/summary.json``)."""
-    rank, world = setup_processes()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     if config.mode == "async" and world > 1:
         raise ConfigError(
             "--mode async runs one learner process for now (the engine plays for rank 0); "
@@ -418,18 +232,18 @@ def run(config: TrainConfig) -> dict[str, Any]:
     if config.rows_per_step % world:
         raise ConfigError(f"rows_per_step={config.rows_per_step} must divide among {world} ranks")
     device = resolve_device(config, int(os.environ.get("LOCAL_RANK", "0")), world)
+    rank, world = setup_processes(device)
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     model, tokenizer = build_policy(config, device)
     setup = Setup.of(config, device, tokenizer)
-    optimizer = adam(model, config)
-    start, curve = load_checkpoint(model, optimizer, out) if config.resume else (0, [])
+    start, curve = load_adapter_checkpoint(model, out) if config.resume else (0, [])
     resumed = load_state(out).get("engine", {}) if config.resume else {}
     leftover: dict[str, Any] = {}
     with (
-        servers(config, out, setup.device, model) as (directory, train_file, sync),
+        servers(config, out, setup.device, model) as (deployments, train_file, sync),
         AgentClient(
-            directory,
+            deployments,
             sampling=setup.sampling,
             timeouts=Timeouts(request=config.episode_timeout or 600.0),
             group_affinity=config.several_samplers,  # a group's rollouts on one replica
@@ -437,6 +251,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
         outputs(config, out, start, rank) as log,
         contextlib.ExitStack() as closing,
     ):
+        optimizer = prepare(model, config, out, world)  # sharded after version 0 is out
         rows = load_rows(train_file, seed=config.seed)
         check_lengths(rows, tokenizer, config)
         eos = int(tokenizer.eos_token_id)
@@ -451,11 +266,9 @@ def run(config: TrainConfig) -> dict[str, Any]:
             )
             curve.append(line["reward_mean"])
             log(line)
-            if rank == 0 and (
-                (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps
-            ):
-                state = {"engine": source.state()}
-                save_checkpoint(model, optimizer, out, step + 1, curve, state)
+            if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
+                state = {"engine": source.state()}  # every rank: a sharded policy is gathered
+                save_checkpoint(model, optimizer, out, step + 1, curve, state, write=rank == 0)
     if world > 1:
         import torch.distributed as dist
 

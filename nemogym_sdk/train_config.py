@@ -23,9 +23,20 @@ from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.grpo import ImportanceSampling, LossType, PolicyLoss
 from nemogym_sdk.policy import VERSION_POLICIES
 
-__all__ = ["BACKENDS", "LOSSES", "MODES", "TrainConfig", "parse_config", "resolve_device"]
+__all__ = [
+    "BACKENDS",
+    "DTYPES",
+    "LAUNCHERS",
+    "LOSSES",
+    "MODES",
+    "TrainConfig",
+    "parse_config",
+    "resolve_device",
+]
 
 BACKENDS = ("transformers", "vllm")
+DTYPES = ("float32", "bfloat16")
+LAUNCHERS = ("stack", "gym")
 MODES = ("sync", "async")
 IMPORTANCE_SAMPLING = tuple(str(mode) for mode in ImportanceSampling)
 LOSSES = tuple(str(loss) for loss in LossType)
@@ -58,12 +69,25 @@ class TrainConfig:
     """Where the learner (model, batches, loss) runs, and the ``transformers`` sampler it
     starts: ``auto`` (``cuda`` when torch sees a GPU, else ``cpu``), ``cpu``, ``cuda`` or
     ``cuda:N``. Under torchrun, ``cuda`` means each process's ``cuda:LOCAL_RANK``."""
+    dtype: str = "float32"
+    """The learner's base weights: ``float32`` (sampler and learner logprobs agree to ~1e-5)
+    or ``bfloat16`` (half the memory on a GPU; the LoRA weights and the optimizer stay
+    float32; the mismatch metric shows the difference). A vLLM sampler gets the same dtype."""
+    fsdp: bool = False
+    """Shard the learner over the ``torchrun`` ranks with FSDP2 (NCCL on GPUs, gloo on CPUs),
+    for models that do not fit on one device; without it every rank holds the whole model."""
     adapter_name: str = "policy"
     """The name the LoRA adapter is served under; NeMo Gym's model server must request it."""
     environments: tuple[str, ...] = ("target_chars",)
     """Environments to start by name (the SDK's toy ``target_chars`` or NeMo Gym's)."""
-    head_url: str | None = None
-    """Attach to a running NeMo Gym deployment through its head server instead."""
+    launcher: str = "stack"
+    """Who starts ``environments``: ``stack`` (``GymStack``: the SDK starts each server, no
+    Ray; fast on one machine) or ``gym`` (NeMo Gym's own launcher, ``gym env start``, with
+    Ray and its head server)."""
+    head_url: tuple[str, ...] = ()
+    """Attach to running NeMo Gym deployments through their head servers instead (one or
+    several, comma-separated): rows go to a deployment that runs their agent, balanced, and
+    a deployment that goes away costs typed failures while the others go on."""
     train_file: str | None = None
     """NeMo Gym JSONL rows; default: the first environment's training data."""
     steps: int = 20
@@ -138,8 +162,14 @@ class TrainConfig:
             raise ConfigError("num_generations must be >= 2: GRPO compares rollouts of one row")
         if self.lr <= 0 or self.temperature <= 0:
             raise ConfigError("lr and temperature must be > 0")
-        if not self.environments and self.head_url is None:
+        if not self.environments and not self.head_url:
             raise ConfigError("name at least one environment, or attach with head_url")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.launcher not in LAUNCHERS:
+            raise ConfigError(
+                f"launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}"
+            )
         if self.model != "tiny" and not (Path(self.model) / "config.json").is_file():
             raise ConfigError(
                 f"model {self.model!r} is neither 'tiny' nor a local Hugging Face model "

@@ -21,7 +21,9 @@ from nemogym_sdk.train_config import TrainConfig
 
 __all__ = [
     "finish",
+    "load_adapter_checkpoint",
     "load_checkpoint",
+    "load_optimizer_checkpoint",
     "open_metrics",
     "outputs",
     "plot_curve",
@@ -75,16 +77,35 @@ def save_checkpoint(
     step: int,
     curve: list[float],
     extra: Mapping[str, Any] | None = None,
+    *,
+    write: bool = True,
 ) -> Path:
     """``out/checkpoints/step_NNNNNN``: the adapter, the optimizer state, the curve so far,
-    and ``extra`` in ``state.json`` (the async engine's untrained groups)."""
+    and ``extra`` in ``state.json`` (the async engine's untrained groups).
+
+    The adapter and the optimizer state are gathered in full (a collective for a model
+    sharded with FSDP2: every rank calls this, the one with ``write`` writes), so a
+    checkpoint resumes on any number of ranks, sharded or not."""
     import torch
 
+    model_state, optimizer_state = _full_learner_state(model, optimizer)
     path = out / "checkpoints" / f"step_{step:06d}"
-    model.save_pretrained(path)
-    torch.save(optimizer.state_dict(), path / "optimizer.pt")
-    (path / "state.json").write_text(json.dumps({**(extra or {}), "step": step, "curve": curve}))
+    if write:
+        from nemogym_sdk.lora._adapter import save_adapter
+
+        path.mkdir(parents=True, exist_ok=True)
+        save_adapter(model, path, state_dict=model_state)
+        torch.save(optimizer_state, path / "optimizer.pt")
+        state = {**(extra or {}), "step": step, "curve": curve}
+        (path / "state.json").write_text(json.dumps(state))
     return path
+
+
+def _full_learner_state(model: Any, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+    return get_state_dict(model, optimizer, options=options)
 
 
 def load_state(out: Path) -> dict[str, Any]:
@@ -96,23 +117,42 @@ def load_state(out: Path) -> dict[str, Any]:
     return state if isinstance(state, dict) else {}
 
 
-def load_checkpoint(model: Any, optimizer: Any, out: Path) -> tuple[int, list[float]]:
-    """Load the newest checkpoint in ``out``; (the step to continue from, the curve so far)."""
-    import torch
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
-
+def _newest(out: Path) -> Path:
     found = sorted((out / "checkpoints").glob("step_*"))
     if not found:
         raise ConfigError(f"resume: no checkpoint in {out / 'checkpoints'}; run without --resume")
-    path = found[-1]
+    return found[-1]
+
+
+def load_adapter_checkpoint(model: Any, out: Path) -> tuple[int, list[float]]:
+    """Load the newest checkpoint's adapter into ``model`` (not sharded yet); (the step to
+    continue from, the curve so far)."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    path = _newest(out)
     set_peft_model_state_dict(model, load_file(str(path / "adapter_model.safetensors")))
-    # map_location: a checkpoint written on a GPU resumes on a CPU too (load_state_dict moves
-    # the state to the parameters' device)
-    state_dict = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
-    optimizer.load_state_dict(state_dict)
     state = json.loads((path / "state.json").read_text())
     return int(state["step"]), [float(v) for v in state["curve"]]
+
+
+def load_optimizer_checkpoint(model: Any, optimizer: Any, out: Path) -> None:
+    """Load the newest checkpoint's optimizer state (sharded like ``model``, if it is)."""
+    import torch
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    # map_location: a checkpoint written on a GPU resumes on a CPU too
+    saved = torch.load(_newest(out) / "optimizer.pt", map_location="cpu", weights_only=True)
+    options = StateDictOptions(full_state_dict=True, ignore_frozen_params=True)
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=saved, options=options)
+
+
+def load_checkpoint(model: Any, optimizer: Any, out: Path) -> tuple[int, list[float]]:
+    """Load the newest checkpoint in ``out`` into an unsharded learner; (the step to continue
+    from, the curve so far)."""
+    step_curve = load_adapter_checkpoint(model, out)
+    load_optimizer_checkpoint(model, optimizer, out)
+    return step_curve
 
 
 def finish(

@@ -45,6 +45,7 @@ from nemogym_sdk.adapters.torch.losses import (
     policy_loss_terms,
     policy_span,
 )
+from nemogym_sdk.adapters.torch.sharding import is_sharded, pad_micro_batches
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.grpo import Advantages
 from nemogym_sdk.policy import SamplingParams
@@ -139,6 +140,8 @@ def train_step(
         distributed: reduce normalisers, metrics and gradients over the default process
             group; None = when ``torch.distributed`` is initialised. False computes this
             rank's batch alone (e.g. a single-process reference inside a distributed job).
+            A model sharded with FSDP2 (``sharding.shard``) has its gradients reduced by
+            FSDP, and every rank runs as many micro-batches (empty ones where it has fewer).
     """
     temperature, top_p = learner_processing(sampling)
     _check_arguments(model, loss, ref_model, micro_batch_size)
@@ -155,12 +158,17 @@ def train_step(
     optimizer.zero_grad(set_to_none=True)
     began = time.perf_counter()
     totals = _Totals()
-    for start in range(0, len(rows), micro_batch_size):
+    sharded = collective and is_sharded(model)
+    starts = list(range(0, len(rows), micro_batch_size))
+    if sharded:  # FSDP gathers are collectives: every rank runs as many passes
+        starts += [-1] * (pad_micro_batches(len(starts), device) - len(starts))
+    for start in starts:
+        picked = rows[start : start + micro_batch_size] if start >= 0 else _any_row(batch)
         terms = _micro_batch(
             model,
             batch,
             loss_mask_BT,
-            rows[start : start + micro_batch_size],
+            picked,
             advantages_B,
             loss,
             device,
@@ -168,6 +176,10 @@ def train_step(
             ref_model=ref_model,
             old_BT=old_BT,
         )
+        if start < 0:  # an empty pass of a sharded model: its collectives, no gradient
+            if normalizer > 0:
+                (terms.objective * 0.0).backward()  # type: ignore[no-untyped-call]
+            continue
         if normalizer > 0:
             (terms.objective / normalizer).backward()  # type: ignore[no-untyped-call]
         totals.add(terms)
@@ -175,7 +187,13 @@ def train_step(
 
     began = time.perf_counter()
     stepped = normalizer > 0
-    grad_norm = _update(model, optimizer, max_grad_norm, collective=collective, stepped=stepped)
+    grad_norm = _update(
+        model,
+        optimizer,
+        max_grad_norm,
+        collective=collective and not sharded,  # FSDP reduce-scatters the gradients itself
+        stepped=stepped,
+    )
     return totals.metrics(
         collective=collective,
         normalizer=normalizer,
@@ -186,6 +204,13 @@ def train_step(
         forward_backward_s=forward_backward_s,
         optimizer_s=time.perf_counter() - began,
     )
+
+
+def _any_row(batch: Batch) -> npt.NDArray[np.int64]:
+    """One row to run an empty pass on (its loss is multiplied by 0)."""
+    if len(batch) == 0:
+        raise ConfigError("a sharded model needs at least one row on every rank")
+    return np.zeros(1, dtype=np.int64)
 
 
 def _check_arguments(
@@ -250,7 +275,9 @@ def _update(
     grad_norm = 0.0
     if any(p.grad is not None for p in trainable):
         limit = math.inf if max_grad_norm is None else max_grad_norm
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, limit))
+        norm = torch.nn.utils.clip_grad_norm_(trainable, limit)
+        full = getattr(norm, "full_tensor", None)  # a sharded model's norm is a DTensor
+        grad_norm = float(full() if full is not None else norm)
     if stepped:
         optimizer.step()
     return grad_norm

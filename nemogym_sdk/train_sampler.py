@@ -1,0 +1,147 @@
+"""The reference trainer's sampler: started for the run, or attached to.
+
+``sampler(config, out, device)`` yields the OpenAI base URL NeMo Gym's model server and
+``LoraSync`` use:
+
+- ``backend_url``: a running sampler, checked to answer;
+- ``transformers``: ``nemogym_sdk.serve`` on the learner's device;
+- ``vllm``: real vLLM, with ``nemogym_sdk.serve`` in front splicing token-exact prompts;
+- ``replicas > 1`` (or ``router_url`` + ``replica_urls``): several replicas behind
+  ``vllm-router``, the proxy in front publishing every adapter to each.
+
+Every started sampler keeps the adapter versions the staleness bound needs
+(``--adapter-versions``) and reports ``processed_logprobs``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import requests
+
+from nemogym_sdk._http import check, send
+from nemogym_sdk.errors import ConfigError, NemoGymError
+from nemogym_sdk.hosts import openai_url
+from nemogym_sdk.train_config import TrainConfig
+
+__all__ = ["sampler"]
+
+
+@contextlib.contextmanager
+def sampler(config: TrainConfig, out: Path, device: str = "cpu") -> Iterator[str]:
+    """The sampler's base URL (``.../v1``): started for this run (the ``transformers`` one on
+    ``device``, the learner's), or the one to attach to."""
+    logs = out / "logs"
+    if config.backend_url is not None:
+        url = openai_url(config.backend_url)
+        try:
+            with requests.Session() as http:
+                check(send(http, "GET", f"{url}/models", timeout=10), f"{url}/models")
+        except NemoGymError as exc:
+            raise ConfigError(
+                f"backend_url {url} is not reachable ({exc}); start the sampler first, or drop "
+                "backend_url to let nemogym-train start one"
+            ) from None
+        yield url
+        return
+    from nemogym_sdk.gym import start_serve
+
+    model = None if config.model == "tiny" else config.model
+    if config.several_samplers:
+        yield from _replicated_sampler(config, out, model, device)
+        return
+    if config.backend == "transformers":
+        with start_serve(
+            mode="sample",
+            logprobs_mode="processed_logprobs",  # the distribution sampled from: what GRPO needs
+            model=model,
+            seed=config.seed,
+            extra_args=["--device", device, *_version_args(config)],
+            log_path=logs / "serve.log",
+        ) as served:
+            yield served.base_url
+        return
+    yield from _vllm_sampler(config, out, model, device)
+
+
+def _vllm_sampler(config: TrainConfig, out: Path, model: str | None, device: str) -> Iterator[str]:
+    """Real vLLM, with ``nemogym_sdk.serve`` in front splicing token-exact multi-turn prompts."""
+    from nemogym_sdk.gym import start_serve, start_vllm
+    from nemogym_sdk.serve.tiny import save_tiny
+
+    model_dir = Path(model) if model is not None else save_tiny(out / "model", config.seed)
+    logs = out / "logs"
+    with (
+        start_vllm(
+            model_dir,
+            max_model_len=config.max_model_len,
+            max_lora_rank=next(r for r in (8, 16, 32, 64, 128, 256, 512) if r >= config.lora_rank),
+            max_loras=max(2, config.adapter_versions),  # every version kept, in one batch
+            seed=config.seed,
+            extra_args=[
+                *("--logprobs-mode", "processed_logprobs"),
+                # vLLM wants 90 % of a GPU free at start by default; the learner is on it too
+                *(("--gpu-memory-utilization", "0.5") if device.startswith("cuda") else ()),
+            ],
+            log_path=logs / "vllm.log",
+        ) as vllm,
+        start_serve(
+            mode="sample",
+            logprobs_mode="processed_logprobs",
+            model=str(model_dir),
+            extra_args=["--backend", "vllm", "--vllm-url", vllm.base_url, *_version_args(config)],
+            log_path=logs / "serve.log",
+        ) as proxy,
+    ):
+        yield proxy.base_url
+
+
+def _replicated_sampler(
+    config: TrainConfig, out: Path, model: str | None, device: str
+) -> Iterator[str]:
+    """Several replicas behind ``vllm-router``, ``nemogym_sdk.serve`` in front of it: the
+    ones started here (``replicas``), or running ones (``router_url`` + ``replica_urls``)."""
+    from nemogym_sdk.gym import start_samplers, start_serve
+    from nemogym_sdk.serve.tiny import save_tiny
+
+    model_dir = Path(model) if model is not None else save_tiny(out / "model", config.seed)
+    logs = out / "logs"
+    if config.router_url is not None:
+        args = ["--backend", "vllm", "--vllm-url", openai_url(config.router_url)]
+        args += [a for url in config.replica_urls for a in ("--replica", openai_url(url))]
+        with start_serve(
+            mode="sample",
+            logprobs_mode="processed_logprobs",
+            model=str(model_dir),
+            extra_args=[*args, *_version_args(config)],
+            log_path=logs / "serve.log",
+        ) as proxy:
+            yield proxy.base_url
+        return
+    on_gpu = device.startswith("cuda")
+    replica_args = ["--device", device] if config.backend == "transformers" else []
+    if config.backend == "vllm" and on_gpu:
+        replica_args = ["--gpu-memory-utilization", str(round(0.5 / config.replicas, 2))]
+    with start_samplers(
+        config.replicas,
+        model_dir,
+        backend=config.backend,
+        seed=config.seed,
+        adapter_versions=config.adapter_versions,
+        version_policy=config.version_policy,
+        max_model_len=config.max_model_len,
+        max_lora_rank=next(r for r in (8, 16, 32, 64, 128, 256, 512) if r >= config.lora_rank),
+        replica_args=replica_args,
+        log_dir=logs,
+    ) as fleet:
+        yield fleet.base_url
+
+
+def _version_args(config: TrainConfig) -> list[str]:
+    """The sampler keeps the adapter versions the staleness bound needs side by side."""
+    return [
+        *("--adapter-versions", str(config.adapter_versions)),
+        *("--version-policy", config.version_policy),
+    ]
