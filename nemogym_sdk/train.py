@@ -37,6 +37,7 @@ plus seconds per phase), ``checkpoints/step_NNNNNN/``, ``summary.json``,
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import time
@@ -56,7 +57,7 @@ from nemogym_sdk import (
     load_rows,
     ranks,
 )
-from nemogym_sdk.errors import ConfigError
+from nemogym_sdk.errors import ConfigError, LoraSyncError, NemoGymError
 from nemogym_sdk.lora import LoraSync
 from nemogym_sdk.metrics import RolloutStats
 from nemogym_sdk.train_config import TrainConfig, parse_config, resolve_device
@@ -79,6 +80,8 @@ from nemogym_sdk.train_sampler import sampler
 from nemogym_sdk.wire import RESPONSES_CREATE_PARAMS, input_messages
 
 __all__ = ["build_policy", "main", "run"]
+
+logger = logging.getLogger(__name__)
 
 
 # --- 1. processes, 2. model: nemogym_sdk.train_learner -----------------------------------
@@ -202,9 +205,7 @@ def learn(
     # the new adapter to the sampler (rank 0; every rank learns the outcome), before the
     # next rollouts; a sharded policy's adapter is gathered first (every rank takes part)
     state = adapter_state(model)
-    version = ranks.on_main(
-        lambda: None if sync is None else sync.sync(model, state_dict=state).version
-    )
+    version = ranks.on_main(lambda: publish(sync, model, state, setup.config.sync_retries))
     synced = time.perf_counter()
     # the weights this step started from are the version before the one it published
     learner_version = None if version is None else version - 1
@@ -219,6 +220,20 @@ def learn(
         "learner_s": learned - collated,
         "sync_s": synced - learned,
     }
+
+
+def publish(sync: LoraSync | None, model: Any, state: Any, retries: int) -> int | None:
+    """The new adapter version, published (rank 0); a refused publish (every replica back on
+    the last version) is tried again ``retries`` times, then raises."""
+    for attempt in range(retries + 1):
+        try:
+            return None if sync is None else sync.sync(model, state_dict=state).version
+        except LoraSyncError as exc:
+            if attempt == retries:
+                raise
+            logger.warning("publish refused (%s); trying again (%d left)", exc, retries - attempt)
+            time.sleep(min(30.0, 2.0**attempt))
+    raise AssertionError("unreachable")
 
 
 def run(config: TrainConfig) -> dict[str, Any]:
@@ -282,6 +297,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:  # what is wrong and how to fix it; no traceback needed
         print(f"nemogym-train: {exc}", file=sys.stderr)
         return 2
+    except NemoGymError as exc:  # a server refused (an adapter, say): say which, in a line
+        print(f"nemogym-train: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -65,6 +65,10 @@ class TrainConfig:
     ``replica_urls``): only the proxy in front is started."""
     replica_urls: tuple[str, ...] = ()
     """The replicas behind ``router_url`` (each gets every adapter version)."""
+    group_affinity: bool = False
+    """Send each group's rollouts with its row id as the router's affinity key (always on
+    with ``replicas > 1`` or ``router_url``; set it when ``backend_url`` is a proxy in
+    front of a router the run attaches to)."""
     device: str = "auto"
     """Where the learner (model, batches, loss) runs, and the ``transformers`` sampler it
     starts: ``auto`` (``cuda`` when torch sees a GPU, else ``cpu``), ``cpu``, ``cuda`` or
@@ -136,6 +140,9 @@ class TrainConfig:
     """Largest importance weight kept."""
     is_floor: float | None = None
     """Smallest importance weight kept (None: no floor)."""
+    sync_retries: int = 0
+    """How many times a refused adapter publish is tried again (every replica stays on the
+    last version in between) before the run stops with the error."""
     checkpoint_every: int = 10
     """Save the adapter and optimizer every this many steps (and at the end)."""
     resume: bool = False
@@ -177,6 +184,8 @@ class TrainConfig:
             )
 
     def _check_replicas(self) -> None:
+        if self.sync_retries < 0:
+            raise ConfigError(f"sync_retries must be >= 0, got {self.sync_retries}")
         if self.replicas < 1:
             raise ConfigError(f"replicas must be >= 1, got {self.replicas}")
         if bool(self.router_url) != bool(self.replica_urls):
@@ -202,8 +211,9 @@ class TrainConfig:
 
     @property
     def several_samplers(self) -> bool:
-        """Whether rollouts go through a router to several sampler replicas."""
-        return self.replicas > 1 or bool(self.replica_urls)
+        """Whether rollouts go through a router to several sampler replicas (and carry
+        their group's affinity key)."""
+        return self.replicas > 1 or bool(self.replica_urls) or self.group_affinity
 
     def _check_async(self) -> None:
         choices = (

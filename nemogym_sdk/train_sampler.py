@@ -49,7 +49,7 @@ def sampler(config: TrainConfig, out: Path, device: str = "cpu") -> Iterator[str
     from nemogym_sdk.gym import start_serve
 
     model = None if config.model == "tiny" else config.model
-    if config.several_samplers:
+    if config.replicas > 1 or config.router_url is not None:
         yield from _replicated_sampler(config, out, model, device)
         return
     if config.backend == "transformers":

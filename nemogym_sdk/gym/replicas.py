@@ -25,6 +25,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import os
+import signal
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -63,7 +64,10 @@ class SamplerFleet:
 
     def kill(self, index: int) -> None:
         """Stop replica ``index`` at once (a crash, for fault tests): SIGKILL its group."""
-        self.replicas[index].stop(grace=0.0)
+        replica = self.replicas[index]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(replica.pid, signal.SIGKILL)
+        replica.stop()  # reaps it
 
     def stop(self) -> None:
         """Stop the proxy, the router and the replicas (idempotent)."""

@@ -11,16 +11,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 import requests
-from aiohttp import web
 
 from nemogym_sdk import LoraSyncError
 from nemogym_sdk.lora import LoraSync
 from nemogym_sdk.wire import CARD_VERSIONS_FIELD
-from tests.fakes import FakeServer, serve
+from tests.fakes import serve
 from tests.lora_models import perturb, tiny_lora
+from tests.replicas import RefusingReplica
 from tests.require import absent
 
 pytest.importorskip("peft")
@@ -128,35 +127,6 @@ def test_a_groups_requests_stay_on_one_replica_and_groups_spread(
     assert len(where) == len(keys)  # one prompt per key
     assert all(len(replicas) == 1 for replicas in where.values()), where
     assert {r for replicas in where.values() for r in replicas} == {0, 1}
-
-
-class RefusingReplica:
-    """A replica (a real CPU server behind it) whose adapter loads can be made to fail, as a
-    replica out of adapter memory or with an unreadable path would."""
-
-    def __init__(self, target: str) -> None:
-        self.target = target.removesuffix("/v1")
-        self.refuse = False
-
-    def routes(self, server: FakeServer) -> list[web.RouteDef]:
-        async def forward(request: web.Request) -> web.StreamResponse:
-            if self.refuse and request.path == "/v1/load_lora_adapter":
-                error = {"message": "no room for another adapter (test fault)", "code": 400}
-                return web.json_response({"error": error}, status=400)
-            async with (
-                aiohttp.ClientSession() as http,
-                http.request(
-                    request.method,
-                    f"{self.target}{request.path_qs}",
-                    data=await request.read(),
-                    headers={"Content-Type": "application/json"},
-                ) as answer,
-            ):
-                return web.Response(
-                    body=await answer.read(), status=answer.status, content_type=answer.content_type
-                )
-
-        return [web.route("*", "/{tail:.*}", forward)]
 
 
 @pytest.fixture

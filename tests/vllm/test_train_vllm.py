@@ -71,3 +71,30 @@ def test_async_trainer_with_the_vllm_backend(vllm_venv: object, tmp_path: Path) 
     assert steps[0]["staleness"] == {"0": steps[0]["policy_tokens"]}
     assert steps[0]["mismatch_max"] < MISMATCH_MAX, steps[0]
     assert any(s["staleness"].get("1") for s in steps[1:])
+
+
+def test_trainer_with_two_vllm_replicas_behind_the_router(
+    vllm_venv: object, tmp_path: Path
+) -> None:
+    """``--replicas 2``: two real vLLM servers behind ``vllm-router``, the proxy in front
+    splicing token-exact prompts and publishing every adapter to both. Every step samples
+    the learner's version at the fp32 bound whichever replica played a group, and the
+    router's consistent hashing spread the groups over both replicas."""
+    from nemogym_sdk.gym import RouterNotFoundError, find_router
+
+    try:
+        find_router()
+    except RouterNotFoundError as exc:
+        absent(f"{exc}; vLLM replica test skipped")
+    out, steps = run_demo(tmp_path, "--steps", "3", "--replicas", "2")
+    print("steps:", [(s["reward_mean"], s["mismatch_max"], s["step_s"]) for s in steps])
+    assert [s["adapter_version"] for s in steps] == [1, 2, 3]
+    for step in steps:
+        assert step["failures"] == {} and step["rollouts"] == 16 and step["turns_mean"] == 3.0
+        assert step["mismatch_max"] < MISMATCH_MAX, step
+    served = [
+        (out / "logs" / f"replica-{i}.log").read_text().count("POST /v1/completions")
+        for i in (0, 1)
+    ]
+    print("completions per replica:", served)
+    assert all(count > 0 for count in served)

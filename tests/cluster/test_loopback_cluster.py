@@ -1,0 +1,278 @@
+"""Beyond one machine, on loopback: two learner "nodes", sampler replicas behind a real
+``vllm-router``, two NeMo Gym deployments (one started by NeMo Gym's own launcher), a few
+GRPO steps through all of it, and the faults of a real cluster in the middle.
+
+The cluster, started once for this module:
+
+- sampler: two CPU-server replicas behind ``vllm-router``, ``nemogym_sdk.serve`` in front
+  (``start_samplers``); every replica records what it generated;
+- environments: ``target_chars`` twice, deployment A by ``GymStack`` (with its head server),
+  deployment B by ``gym env start`` (``GymLauncher``: Ray and NeMo Gym's own head server);
+- learner: ``torchrun --nnodes=2 --nproc_per_node=1`` on 127.0.0.1, one process per "node",
+  the policy sharded across them (``--fsdp``, gloo), attached to the sampler's proxy and to
+  both deployments through their head servers.
+
+While it trains 8 steps, replica 1 is killed after step 2 and deployment A is stopped after
+step 4. Each test below checks one thing the run must show. (That a sharded step's gradient
+equals one process's is ``tests/adapters/test_torch_fsdp.py``; the adapter a replica refuses
+is the last test here, on a cluster of its own.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from tests.require import absent
+
+pytestmark = [pytest.mark.gym, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 8
+KILL_REPLICA_AFTER = 2  # steps logged
+STOP_DEPLOYMENT_AFTER = 4
+MISMATCH_MAX = 1e-4  # fp32 learner and sampler: ~1e-5; a stale adapter: ~1e-1
+ROLLOUTS = 4 * 8  # rows_per_step x num_generations, over both ranks
+TYPED = {"agent_error", "transport_error", "timeout", "empty", "no_token_ids", "drift"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def metrics(out: Path) -> list[dict[str, Any]]:
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def trainer_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def slots(url: str) -> dict[str, str]:
+    cards = requests.get(f"{url}/models", timeout=10).json()["data"]
+    return {c["id"]: c["root"] for c in cards if c.get("parent")}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    from nemogym_sdk.gym import (
+        GymLauncher,
+        GymStack,
+        GymVenvNotFoundError,
+        PolicyModel,
+        RouterNotFoundError,
+        find_gym_venv,
+        find_router,
+        start_samplers,
+    )
+    from nemogym_sdk.serve.tiny import save_tiny
+
+    try:
+        find_gym_venv()
+        find_router()
+    except (GymVenvNotFoundError, RouterNotFoundError) as exc:
+        absent(f"{exc}; loopback cluster skipped")
+    root = tmp_path_factory.mktemp("cluster")
+    model_dir = save_tiny(root / "model", 0)
+    record = str(root / "record-{replica}.jsonl")
+    with start_samplers(
+        2, model_dir, log_dir=root / "samplers", replica_args=["--record", record]
+    ) as fleet:
+        policy = PolicyModel(base_url=fleet.base_url, model="policy")
+        with (
+            GymStack(["target_chars"], policy, head_server=True, workdir=root / "a") as a,
+            GymLauncher(["target_chars"], policy, workdir=root / "b") as b,
+        ):
+            assert a.directory.head_url is not None
+            yield {"root": root, "fleet": fleet, "a": a, "b": b, "model_dir": model_dir}
+
+
+@pytest.fixture(scope="module")
+def run(cluster: dict[str, Any]) -> dict[str, Any]:
+    """The 8-step run on two learner nodes, with the faults injected while it trains."""
+    fleet, a, b = cluster["fleet"], cluster["a"], cluster["b"]
+    out = cluster["root"] / "run"
+    train_file = a.config.environment("target_chars").train_path
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+        "--master_addr=127.0.0.1", f"--master_port={port}",
+    ]  # fmt: skip
+    flags = [
+        "-m", "nemogym_sdk.train", "--backend-url", fleet.base_url, "--group-affinity",
+        "--head-url", f"{a.directory.head_url},{b.head_url}", "--train-file", str(train_file),
+        "--steps", str(STEPS), "--rows-per-step", "4", "--fsdp", "--out", str(out),
+        "--checkpoint-every", "100", "--episode-timeout", "60",
+    ]  # fmt: skip
+    logs_out = [(cluster["root"] / f"node{rank}.log").open("w") for rank in (0, 1)]
+    nodes = [
+        subprocess.Popen(
+            [*argv, f"--node_rank={rank}", *flags],
+            cwd=REPO,
+            env=trainer_env(),
+            stdout=logs_out[rank],
+            stderr=subprocess.STDOUT,
+        )
+        for rank in (0, 1)
+    ]
+    events: dict[str, float] = {}
+
+    def inject() -> None:
+        while all(node.poll() is None for node in nodes):
+            done = len(metrics(out))
+            if done >= KILL_REPLICA_AFTER and "replica" not in events:
+                fleet.kill(1)
+                events["replica"] = done
+            if done >= STOP_DEPLOYMENT_AFTER and "deployment" not in events:
+                a.stop()
+                events["deployment"] = done
+            time.sleep(0.05)
+
+    injector = threading.Thread(target=inject, daemon=True)
+    began = time.monotonic()
+    injector.start()
+    codes = [node.wait(timeout=900) for node in nodes]
+    injector.join(10)
+    for handle in logs_out:
+        handle.close()
+    logs = "".join(
+        f"--- node {r}\n{(cluster['root'] / f'node{r}.log').read_text()[-3000:]}" for r in (0, 1)
+    )
+    print(f"cluster run: {time.monotonic() - began:.0f} s, faults after steps {events}")
+    assert codes == [0, 0], logs
+    return {"steps": metrics(out), "events": events, "out": out, "logs": logs}
+
+
+def test_two_learner_nodes_train_through_replicas_and_two_deployments(
+    run: dict[str, Any],
+) -> None:
+    """Every step ran on both nodes (the sharded policy's metrics cover both ranks' groups),
+    published the next adapter version, and learned from rollouts of both deployments'
+    agents through the router's replicas."""
+    steps = run["steps"]
+    print([(s["step"], s["ok"], s["failures"], s["mismatch_max"]) for s in steps])
+    assert [s["step"] for s in steps] == list(range(STEPS))
+    assert [s["adapter_version"] for s in steps] == list(range(1, STEPS + 1))
+    assert all(s["grad_norm"] > 0 for s in steps)
+    assert run["events"] == {"replica": KILL_REPLICA_AFTER, "deployment": STOP_DEPLOYMENT_AFTER}
+
+
+def test_every_step_sampled_the_version_the_learner_had(run: dict[str, Any]) -> None:
+    """The sampler's logprobs equal the learner's at fp32 levels on every step, whichever
+    replica played a group: every replica served each new version (a replica left on the
+    previous adapter would show a mismatch of ~0.1)."""
+    for step in run["steps"]:
+        if step["ok"]:
+            assert step["mismatch_max"] < MISMATCH_MAX, step
+
+
+def test_nothing_is_lost_or_counted_twice_and_failures_are_typed(run: dict[str, Any]) -> None:
+    """Each step trained exactly its 4 groups x 8 rollouts, whatever failed; a failure is
+    one of the typed statuses, never a silent reward 0."""
+    for step in run["steps"]:
+        assert step["rollouts"] == ROLLOUTS and step["groups"] == 4, step
+        assert set(step["failures"]) <= TYPED, step
+        assert step["ok"] + sum(step["failures"].values()) == ROLLOUTS
+
+
+def test_a_killed_replica_leaves_the_router_and_the_run_goes_on(
+    cluster: dict[str, Any], run: dict[str, Any]
+) -> None:
+    """Replica 1 died after step 2: the router stopped sending to it (the proxy removed it at
+    the next publish), the survivor serves the last version, and the steps after it are whole
+    again."""
+    fleet = cluster["fleet"]
+    survivor, dead = fleet.replicas[0].base_url, fleet.replicas[1].base_url
+    routed = fleet.router.healthy()
+    assert dead.removesuffix("/v1") not in routed and survivor.removesuffix("/v1") in routed
+    assert str(slots(survivor)["policy"]).endswith(f"v{STEPS:06d}")
+    after = run["steps"][KILL_REPLICA_AFTER + 1 :]
+    assert all(s["ok"] >= ROLLOUTS - 8 for s in after), [(s["step"], s["failures"]) for s in after]
+    assert run["steps"][-1]["ok"] == ROLLOUTS
+
+
+def test_a_deployment_that_disappears_costs_typed_failures_and_the_other_goes_on(
+    cluster: dict[str, Any], run: dict[str, Any]
+) -> None:
+    """Deployment A stopped after step 4: its rollouts fail over to deployment B (NeMo Gym's
+    own launcher), which plays every later step whole."""
+    late = run["steps"][STOP_DEPLOYMENT_AFTER + 1 :]
+    assert late and all(s["ok"] == ROLLOUTS for s in late), [
+        (s["step"], s["failures"]) for s in late
+    ]
+    assert not cluster["a"].is_running
+    assert requests.get(f"{cluster['b'].head_url}/readyz", timeout=5).status_code == 200
+
+
+def _refusing_run(
+    tmp_path: Path, model_dir: Path, retries: int
+) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]], list[str], Any]:
+    """nemogym-train attached to two replicas behind a router, the second refusing version 3
+    of the adapter twice; (the finished process, its metrics, the replicas' URLs, the wrapper)."""
+    from nemogym_sdk.gym import start_router, start_serve
+    from tests.fakes import serve
+    from tests.replicas import RefusingReplica
+
+    with (
+        start_serve(model=str(model_dir), seed=0, log_path=tmp_path / "r0.log") as first,
+        start_serve(model=str(model_dir), seed=1, log_path=tmp_path / "r1.log") as second,
+    ):
+        refusing = RefusingReplica(second.base_url)
+        refusing.refuse_suffix, refusing.refuse_next = "v000003", 2
+        with serve(refusing.routes) as wrapped:
+            replicas = [first.base_url, f"{wrapped.url}/v1"]
+            with start_router(replicas, log_path=tmp_path / "router.log") as router:
+                argv = [sys.executable, "-m", "nemogym_sdk.train", "--steps", "4"]
+                argv += ["--rows-per-step", "2", "--out", str(tmp_path / "run")]
+                argv += ["--router-url", router.base_url, "--replica-urls", ",".join(replicas)]
+                argv += ["--sync-retries", str(retries)]
+                done = subprocess.run(
+                    argv, cwd=REPO, env=trainer_env(), capture_output=True, text=True, timeout=600
+                )
+                states = [slots(url) for url in replicas]
+    return done, metrics(tmp_path / "run"), [str(s.get("policy")) for s in states], refusing
+
+
+def test_a_refused_adapter_stops_the_run_on_the_last_good_version(
+    cluster: dict[str, Any], tmp_path: Path
+) -> None:
+    """The second replica refuses version 3: the run stops after step 2 with a one-line error
+    naming that replica, and both replicas still serve version 2."""
+    done, steps, served, refusing = _refusing_run(tmp_path, cluster["model_dir"], retries=0)
+    assert done.returncode == 1, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("nemogym-train: LoraSyncError:") and "refused it" in last, last
+    assert "test fault" in last and "Every replica keeps what it served before" in last
+    assert [s["step"] for s in steps] == [0, 1]  # step 2 learned, its publish was refused
+    assert all(path.endswith("v000002") for path in served), served
+    assert refusing.refused == 1
+
+
+def test_a_refused_adapter_is_published_again_when_retries_are_configured(
+    cluster: dict[str, Any], tmp_path: Path
+) -> None:
+    """With ``--sync-retries 2`` the same two refusals cost two retries: every step runs and
+    both replicas end on version 4."""
+    done, steps, served, refusing = _refusing_run(tmp_path, cluster["model_dir"], retries=2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [s["adapter_version"] for s in steps] == [1, 2, 3, 4]
+    assert all(path.endswith("v000004") for path in served), served
+    assert refusing.refused == 2
