@@ -34,7 +34,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import attrs
 
-from nemogym_sdk._aio import Outcome
+from nemogym_sdk._aio import Attempt, Outcome
 from nemogym_sdk._balance import Balancer
 from nemogym_sdk._session import STATUS_OF, SessionOwner
 from nemogym_sdk.directory import ServerDirectory
@@ -267,30 +267,25 @@ class AgentClient(SessionOwner):
 
     # --- one exchange ---------------------------------------------------------------------
 
+    async def _attempt(self, url: str, body: bytes, deadline: float | None) -> Attempt:
+        per_host, everyone = self._limits(url)
+        if per_host is None:  # the per-host limit cannot bind: skip it (hot path)
+            async with everyone:
+                return await self._send(url, body, deadline)
+        async with per_host, everyone:
+            return await self._send(url, body, deadline)
+
     async def _play(self, job: _Job, deadline: float | None) -> RawRun:
         started = time.monotonic()
-        tried: list[str] = []
-        attempts = 0
-        while True:
-            url = self._balancer.pick(job.urls, tried)
-            tried.append(url)
-            per_host, everyone = self._limits(url)
-            with self._balancer.using(url):
-                if per_host is None:  # the per-host limit cannot bind: skip it (hot path)
-                    async with everyone:
-                        attempt = await self._send(url, job.body, deadline)
-                else:
-                    async with per_host, everyone:
-                        attempt = await self._send(url, job.body, deadline)
-            attempts += attempt.attempts
-            if attempt.outcome is not Outcome.CONNECTION or len(job.urls) == 1:
-                break
-            self._balancer.failed(url)  # nothing started there: another deployment plays it
-            if len(tried) == len(job.urls):
-                break
+        if len(job.urls) == 1:  # one deployment runs the agent (hot path)
+            url = job.urls[0]
+            attempt = await self._attempt(url, job.body, deadline)
+            attempts, tried = attempt.attempts, 1
+        else:
+            url, attempt, attempts, tried = await self._play_balanced(job, deadline)
         error = attempt.error
         if error is not None and attempts > 1:
-            where = f" ({len(tried)} deployments)" if len(tried) > 1 else ""
+            where = f" ({tried} deployments)" if tried > 1 else ""
             error = f"{error} (after {attempts} attempts{where})"
             logger.debug("row %s: %s", job.request.row.row_id, error)
         return RawRun(
@@ -305,6 +300,27 @@ class AgentClient(SessionOwner):
             seconds=time.monotonic() - started,
             url=url,
         )
+
+    async def _play_balanced(
+        self, job: _Job, deadline: float | None
+    ) -> tuple[str, Attempt, int, int]:
+        """Play on the least busy deployment running the agent; on a refused connection (the
+        episode never started there) mark it and try the next. (url, last attempt, attempts,
+        deployments tried)."""
+        tried: list[str] = []
+        attempts = 0
+        while True:
+            url = self._balancer.pick(job.urls, tried)
+            tried.append(url)
+            with self._balancer.using(url):
+                attempt = await self._attempt(url, job.body, deadline)
+            attempts += attempt.attempts
+            if attempt.outcome is not Outcome.CONNECTION:
+                break
+            self._balancer.failed(url)
+            if len(tried) == len(job.urls):
+                break
+        return url, attempt, attempts, len(tried)
 
     async def _play_parsed(
         self, job: _Job, deadline: float | None, eos_token_id: int, parse: ParseOptions
