@@ -31,7 +31,13 @@ from nemogym_sdk.gym.locate import GymVenv, locate_environment, split_environmen
 from nemogym_sdk.gym.overlay import FileSource, make_overlay
 from nemogym_sdk.gym.process import ProcessSpec
 from nemogym_sdk.gym.server_envs import ServerEnvironment, find_uv, prepare_server_environment
-from nemogym_sdk.gym.specs import RESOURCES, PolicyModel, ServerSpec, StackConfig
+from nemogym_sdk.gym.specs import (
+    ENVIRONMENT_SERVERS,
+    RESOURCES,
+    PolicyModel,
+    ServerSpec,
+    StackConfig,
+)
 from nemogym_sdk.wire import ServerInstance, encode_server_instance
 
 __all__ = ["HEAD_SERVER_NAME", "Launch", "StackBuilder", "child_env"]
@@ -42,6 +48,9 @@ HEAD_SERVER_NAME = "head_server"
 """Name of the head-server process in :attr:`GymStack.log_paths` and :attr:`GymStack.pids`."""
 
 _HEAD_MAIN = Path(__file__).with_name("head_main.py")
+_RELAY_MAIN = Path(__file__).with_name("relay_main.py")
+_RELAY = "legacy_agent"
+"""The environment server a stack can start (without Ray): NeMo Gym's ``/run`` relay."""
 # Variables of the SDK's own interpreter that must not leak into the 3.13 venv.
 _SCRUBBED_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV", "__PYVENV_LAUNCHER__")
 
@@ -75,6 +84,7 @@ class StackBuilder:
     install_requirements: bool = True
     requirements_cache: Path | None = None
     extra_env: Mapping[str, str] = attrs.field(factory=dict)
+    environment_servers: bool = False
 
     def build(self, workdir: Path) -> StackConfig:
         """The resolved config; :class:`~nemogym_sdk.gym.errors.DatasetMissingError` when
@@ -88,7 +98,14 @@ class StackBuilder:
             workdir=workdir,
             default_max_steps=self.default_max_steps,
             overrides=self.overrides,
+            environment_servers=self.environment_servers,
         )
+        for spec in config.servers:
+            if spec.server_type == ENVIRONMENT_SERVERS and spec.impl != _RELAY:
+                raise ConfigError(
+                    f"{spec.instance}: the stack starts NeMo Gym's {_RELAY} environment "
+                    f"server only, not {spec.impl}"
+                )
         for setup in config.environments:
             if not setup.example_path.is_file():
                 raise DatasetMissingError(setup.name, setup.config_path, setup.example_path)
@@ -103,10 +120,12 @@ class StackBuilder:
         processes = []
         for spec in config.servers:
             key = _key(spec)
+            relay = spec.server_type == ENVIRONMENT_SERVERS  # NeMo Gym's relay, without Ray
+            entrypoint = ("-P", str(_RELAY_MAIN)) if relay else (spec.entrypoint,)
             processes.append(
                 ProcessSpec(
                     name=spec.instance,
-                    argv=(str(envs[key].python), spec.entrypoint),
+                    argv=(str(envs[key].python), *entrypoint),
                     cwd=dirs[key],
                     env={
                         **base_env,

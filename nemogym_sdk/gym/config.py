@@ -10,9 +10,11 @@ Each environment's config comes resolved by NeMo Gym's own parser
 :mod:`nemogym_sdk.gym.loading`). :func:`build_stack_config` adds what the SDK owns:
 
 * drops its ``environment_servers`` instances (NeMo Gym's ``legacy_agent`` relays, also
-  the ones its parser generates): in 0.7.0 they only front the agent for ``gym eval run``
-  (posting to the agent's ``/run`` gives the same result), and the relay does not declare
-  ``ray_enabled``, so started on its own it would start a Ray cluster of its own;
+  the ones its parser generates) unless asked to keep them (``environment_servers``): in
+  0.7.0 they only front the agent for NeMo Gym's own rollout collection and ``gym eval
+  run`` (posting to the agent's ``/run`` gives the same result), and the relay does not
+  declare ``ray_enabled``, so started as it is it would start a Ray cluster of its own
+  (``GymStack`` starts it without one: :mod:`nemogym_sdk.gym.relay_main`);
 * adds one ``vllm_model`` instance (``policy_model`` by default, the name the shipped
   agents refer to) configured for training from a :class:`PolicyModel`, in place of a
   model server of that name the environment defines as a default;
@@ -53,6 +55,7 @@ from nemogym_sdk.gym.locate import GymVenv
 from nemogym_sdk.gym.resolve import ResolvedEnvironment, resolve_environments
 from nemogym_sdk.gym.specs import (
     AGENTS,
+    ENVIRONMENT_SERVERS,
     LOOPBACK,
     MODELS,
     RESOURCES,
@@ -73,7 +76,7 @@ __all__ = [
 
 _KEPT_TYPES = (MODELS, RESOURCES, AGENTS)
 # Start order: what others call first, so a caller never waits on a callee.
-_START_ORDER = {MODELS: 0, RESOURCES: 1, AGENTS: 2}
+_START_ORDER = {MODELS: 0, RESOURCES: 1, AGENTS: 2, ENVIRONMENT_SERVERS: 3}
 _CONFIG_PATHS = "config_paths"
 
 PORT_RANGE = (10001, 20000)
@@ -155,6 +158,7 @@ def build_stack_config(
     default_max_steps: int | None = None,
     overrides: Mapping[str, Any] | None = None,
     allocate_ports: Callable[[int], Sequence[int]] | None = None,
+    environment_servers: bool = False,
 ) -> StackConfig:
     """Resolve the global config that runs ``environments`` against ``model``.
 
@@ -169,6 +173,8 @@ def build_stack_config(
     not pin; default :func:`free_loopback_ports` in the config's port range. Overrides may
     also add server instances, which are started with the rest. All environments are
     resolved in one request to the NeMo Gym worker (none when cached).
+    ``environment_servers`` keeps the environment servers (the relays NeMo Gym's own
+    rollout collection posts ``/run`` to) instead of dropping them.
     """
     if isinstance(environments, str) or not environments:
         raise ConfigError("at least one environment is required (a sequence of names)")
@@ -178,15 +184,16 @@ def build_stack_config(
         raise ConfigError(f"default_max_steps must be >= 1, got {default_max_steps}")
     resolved = resolve_environments(venv, environments)
     parts = _Parts()
+    kept = (*_KEPT_TYPES, ENVIRONMENT_SERVERS) if environment_servers else _KEPT_TYPES
     for environment in resolved:
-        _collect(parts, environment, model)
+        _collect(parts, environment, model, kept)
     _add_models(parts, model, judge)
     if default_max_steps is not None:
         _fill_max_steps(parts.servers, default_max_steps)
     globals_ = _globals(parts, model, judge if judge is not None else model, workdir)
     config = deep_merge({**globals_, **parts.servers}, overrides or {})
     _pin_addresses(config, allocate_ports or _range_allocator(config))
-    servers = _server_specs(config, parts.owner)
+    servers = _server_specs(config, parts.owner, kept)
     _check_references(config, servers)
     head = config["head_server"]
     return StackConfig(
@@ -198,7 +205,12 @@ def build_stack_config(
     )
 
 
-def _collect(parts: _Parts, resolved: ResolvedEnvironment, model: PolicyModel) -> None:
+def _collect(
+    parts: _Parts,
+    resolved: ResolvedEnvironment,
+    model: PolicyModel,
+    kept: tuple[str, ...] = _KEPT_TYPES,
+) -> None:
     """Sort one environment's top-level keys into servers, models to wire and globals."""
     environment = resolved.name
     dropped = parts.dropped.setdefault(environment, [])
@@ -209,7 +221,7 @@ def _collect(parts: _Parts, resolved: ResolvedEnvironment, model: PolicyModel) -
         elif server_type is None:
             if instance not in STACK_KEYS:
                 _add_variable(parts.variables, environment, instance, block)
-        elif server_type not in _KEPT_TYPES:
+        elif server_type not in kept:
             dropped.append(instance)
         elif server_type == MODELS and instance == model.instance_name:
             continue  # a default policy (nemo_user_sim's): the stack's policy replaces it
@@ -334,14 +346,16 @@ def _inner(instance: str, block: Any) -> tuple[str, str, dict[str, Any]]:
 
 
 def _server_specs(
-    config: Mapping[str, Any], owner: Mapping[str, str | None]
+    config: Mapping[str, Any],
+    owner: Mapping[str, str | None],
+    kept: tuple[str, ...] = _KEPT_TYPES,
 ) -> tuple[ServerSpec, ...]:
     specs = []
     for instance, block in config.items():
         if server_type_of(block) is None:
             continue
         server_type, impl, inner = _inner(instance, block)
-        if server_type not in _KEPT_TYPES:
+        if server_type not in kept:
             raise ConfigError(
                 f"{instance!r} is an {server_type} instance; the stack does not start those"
             )

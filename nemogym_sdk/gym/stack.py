@@ -105,6 +105,10 @@ class GymStack:
             server in ``venv`` as it is (for users who manage that venv themselves).
         requirements_cache: where those venvs are cached; default ``$NEMOGYM_SERVER_ENVS``,
             else ``$XDG_CACHE_HOME/nemogym_sdk/server-envs``.
+        environment_servers: also start each environment's environment server (NeMo Gym's
+            ``legacy_agent`` relay, without the Ray cluster it would start), which NeMo
+            Gym's own rollout collection (``ng_collect_rollouts``, ``RolloutCollectionHelper``)
+            and ``gym eval run`` post ``/run`` to; with ``head_server``, they find it there.
     """
 
     def __init__(
@@ -125,6 +129,7 @@ class GymStack:
         server_files: Mapping[str, Mapping[str, FileSource]] | None = None,
         install_requirements: bool = True,
         requirements_cache: str | os.PathLike[str] | None = None,
+        environment_servers: bool = False,
     ) -> None:
         if isinstance(environments, str):
             raise ConfigError("environments must be a sequence of names, not a string")
@@ -139,6 +144,7 @@ class GymStack:
             install_requirements=install_requirements,
             requirements_cache=Path(requirements_cache) if requirements_cache else None,
             extra_env=dict(extra_env or {}),
+            environment_servers=environment_servers,
         )
         """What the stack is made of (the config builder)."""
         self._head_server = head_server
