@@ -10,10 +10,13 @@ The SDK never replaces it; it starts it, waits until it routes, and stops it::
         router.base_url            # "http://127.0.0.1:<port>/v1": what a proxy generates through
         router.workers()           # [{"url": ..., "is_healthy": True, ...}, ...]
 
-It runs ``--policy consistent_hash``: a request carrying the header ``x-session-id``
-(``nemogym_sdk.wire.ROUTER_SESSION_HEADER``) always reaches the same healthy worker, and
-different keys spread over the workers; ``nemogym_sdk.serve`` in front of the router sends a
-group's key, so a group's rollouts share one replica's prefix cache. A worker that dies is
+It runs ``--policy sticky_least_loaded``: the first request of a key (the header
+``x-session-id``, ``nemogym_sdk.wire.ROUTER_SESSION_HEADER``) goes to the least loaded healthy
+worker and every later one to the same worker; ``nemogym_sdk.serve`` in front of the router
+sends a group's key, so a group's rollouts share one replica's prefix cache and the groups
+spread evenly. (``consistent_hash`` also keeps a key on one worker, but hashes keys onto
+workers unevenly: with a few dozen groups in flight, 0.71 of linear scaling at two replicas
+against 1.00, ``benchmarks/bench_router_scaling.py``.) A worker that dies is
 dropped by the router's circuit breaker and health checks (every ``health_interval``
 seconds), and its keys move to the others; a request already sent to it is retried there.
 
@@ -143,7 +146,7 @@ class RouterProcess:
 def start_router(
     worker_urls: Sequence[str],
     *,
-    policy: str = "consistent_hash",
+    policy: str = "sticky_least_loaded",
     health_interval: float = 1.0,
     request_timeout: float = 1800.0,
     executable: str | os.PathLike[str] | None = None,
@@ -155,8 +158,8 @@ def start_router(
 
     Args:
         worker_urls: the replicas (``http://host:port`` or ``.../v1``), already answering.
-        policy: the router's ``--policy`` (``consistent_hash`` keeps a group's key on one
-            worker).
+        policy: the router's ``--policy`` (``sticky_least_loaded`` keeps a group's key on
+            one worker and gives new keys to the least loaded one).
         health_interval: seconds between its health checks of the workers; a worker failing
             two in a row is dropped until it answers again.
         request_timeout: seconds one attempt at a worker may take (a whole generation).
