@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # GPU check: the reference trainer (nemogym-train) on CUDA for a few steps, with its phase
-# breakdown; then the same with real vLLM sampling, where vLLM is installed.
+# breakdown; then the same with real vLLM sampling, where vLLM is installed; then a bfloat16
+# learner (its sampler-learner mismatch); then, with two or more GPUs, torchrun with NCCL and
+# the policy sharded with FSDP2.
 #
 # Needs, on the GPU machine (no internet needed):
 #   - the SDK's interpreter with a CUDA build of torch, transformers and peft
@@ -21,6 +23,7 @@
 #   GPU_CHECK_ROWS    groups of 8 rollouts per step (default 4)
 #   GPU_CHECK_MODEL   hidden,layers,heads of the model (default 1024,8,16)
 #   GPU_CHECK_VLLM    0 skips the vLLM run
+#   GPU_CHECK_NCCL    0 skips the torchrun run (it needs 2+ GPUs: one per NCCL process)
 # Exit status: 0 when every run it started finished; 3 when a prerequisite is missing.
 set -euo pipefail
 
@@ -115,14 +118,15 @@ tokenizer.save_pretrained(directory)
 print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters -> {directory}")
 EOF
 
-train() {  # train BACKEND: a run of nemogym-train, then its phase breakdown
-  local backend=$1
-  say "nemogym-train, backend $backend, device $DEVICE: $STEPS steps of $ROWS x 8 rollouts"
+train() {  # train BACKEND [NAME [FLAGS...]]: a run of nemogym-train, then its phase breakdown
+  local backend=$1 name=${2:-$1}
+  shift $(($# < 2 ? $# : 2))
+  say "nemogym-train $name, backend $backend, device $DEVICE: $STEPS steps of $ROWS x 8 rollouts"
   "$PYTHON" -m nemogym_sdk.train --model "$OUT/model" --backend "$backend" \
     --device "$DEVICE" --environments target_chars --steps "$STEPS" --rows-per-step "$ROWS" \
-    --num-generations 8 --checkpoint-every "$STEPS" --out "$OUT/$backend"
-  say "phase breakdown, backend $backend ($OUT/$backend/metrics.jsonl)"
-  "$PYTHON" benchmarks/phase_breakdown.py "$OUT/$backend" --warmup 1
+    --num-generations 8 --checkpoint-every "$STEPS" --out "$OUT/$name" "$@"
+  say "phase breakdown, $name ($OUT/$name/metrics.jsonl)"
+  "$PYTHON" benchmarks/phase_breakdown.py "$OUT/$name" --warmup 1
 }
 
 say "4. the transformers backend (nemogym_sdk.serve on $DEVICE)"
@@ -142,6 +146,24 @@ elif "$PYTHON" -c "import vllm" 2>/dev/null &&
   train vllm
 else
   echo "skipped: no vLLM (no .venv-vllm, no \$NEMOGYM_VLLM_VENV, not importable by $PYTHON)"
+fi
+
+say "6. a bfloat16 learner (transformers backend): the mismatch against the sampler"
+train transformers bf16 --dtype bfloat16
+
+say "7. torchrun with NCCL, the policy sharded with FSDP2 over every GPU"
+gpus=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')
+if [[ "${GPU_CHECK_NCCL:-1}" == 0 ]]; then
+  echo "skipped (GPU_CHECK_NCCL=0)"
+elif [[ "$DEVICE" == cpu || "$gpus" -lt 2 ]]; then
+  echo "skipped: $gpus GPU(s); NCCL runs one process per GPU, so this needs two or more"
+else
+  say "nemogym-train under torchrun --nproc_per_node=$gpus --fsdp (NCCL)"
+  "$PYTHON" -m torch.distributed.run --nproc_per_node="$gpus" -m nemogym_sdk.train \
+    --model "$OUT/model" --device cuda --environments target_chars --steps "$STEPS" \
+    --rows-per-step "$gpus" --num-generations 8 --checkpoint-every "$STEPS" --fsdp \
+    --out "$OUT/nccl"
+  "$PYTHON" benchmarks/phase_breakdown.py "$OUT/nccl" --warmup 1
 fi
 
 say "done: everything is under $OUT"
