@@ -88,7 +88,10 @@ class StandIn:
                 {
                     "id": f"call_{next(self.counter)}",
                     "type": "function",
-                    "function": {"name": function["name"], "arguments": orjson.dumps(arguments).decode()},
+                    "function": {
+                        "name": function["name"],
+                        "arguments": orjson.dumps(arguments).decode(),
+                    },
                 }
             ]
             finish = "tool_calls"
@@ -118,8 +121,10 @@ def make_app(stand_in: StandIn) -> web.Application:
     async def chat(request: web.Request) -> web.Response:
         raw = await request.read()
         if FAIL_MARKER.encode() in raw:
-            error = {"error": {"message": "the stand-in refuses this row (benchmark failure case)"}}
-            return web.Response(body=orjson.dumps(error), status=400, content_type="application/json")
+            error = {"error": {"message": "the stand-in refuses this row (benchmark failure)"}}
+            return web.Response(
+                body=orjson.dumps(error), status=400, content_type="application/json"
+            )
         body = orjson.loads(raw)
         return web.Response(
             body=orjson.dumps(stand_in.answer(body)), content_type="application/json"

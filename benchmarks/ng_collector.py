@@ -62,7 +62,7 @@ async def collect(args: argparse.Namespace, stats: dict[str, Any]) -> None:
     rows = [orjson.loads(line) for line in Path(args.input).read_bytes().splitlines() if line]
     host, port = args.head.rsplit(":", 1)
     print("BENCH_START", flush=True)
-    started = time.time()
+    started, cpu = time.time(), time.process_time()
     stats["collect_started"] = started
     helper = RolloutCollectionHelper()
     examples = helper.preprocess_examples(rows, num_repeats=args.num_repeats)
@@ -92,6 +92,7 @@ async def collect(args: argparse.Namespace, stats: dict[str, Any]) -> None:
             out.write(orjson.dumps(result) + b"\n")
             stats["written"] += 1
     stats["collect_s"] = time.time() - started
+    stats["collect_cpu_s"] = time.process_time() - cpu
     print("BENCH_END", flush=True)
 
 
@@ -116,7 +117,7 @@ def main() -> int:
     code = 0
     try:
         asyncio.run(collect(args, stats))
-    except Exception as exc:  # NeMo Gym's abort: report it, exit non-zero as it would
+    except Exception as exc:  # noqa: BLE001 - NeMo Gym's abort: report it, exit non-zero
         stats["error"] = f"{type(exc).__name__}: {exc}"[:500]
         traceback.print_exc()
         print("BENCH_END", flush=True)

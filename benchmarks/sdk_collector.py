@@ -48,6 +48,11 @@ def vm_hwm_kib() -> int:
     return 0
 
 
+def short(text: str, head: int = 150, tail: int = 60) -> str:
+    """``text``, its middle cut out when it is long (the retry count is at its end)."""
+    return text if len(text) <= head + tail + 5 else f"{text[:head]} ... {text[-tail:]}"
+
+
 def timed(send: Callable[..., Awaitable[Any]], into: list[float]) -> Callable[..., Awaitable[Any]]:
     """``send`` that appends its duration (ms) to ``into``."""
 
@@ -84,19 +89,18 @@ def main() -> int:
     latencies: list[float] = []
 
     print("BENCH_START", flush=True)
-    started = time.time()
+    started, cpu = time.time(), time.process_time()
     directory = ServerDirectory.from_head(args.head)
     agents: ServerDirectory | dict[str, str] = (
         relay_agents(directory) if args.via_relay else directory
     )
-    client = AgentClient(
-        agents, max_concurrency=args.concurrency, max_per_host=args.concurrency
-    )
+    client = AgentClient(agents, max_concurrency=args.concurrency, max_per_host=args.concurrency)
     client._send = timed(client._send, latencies)  # type: ignore[method-assign]
     with client:
         rollouts = client.run_sync(rows, eos_token_id=EOS, num_generations=args.num_repeats)
     batch = collate(rollouts, pad_token_id=PAD)
     collect_s = time.time() - started
+    collect_cpu_s = time.process_time() - cpu
     print("BENCH_END", flush=True)
 
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -105,9 +109,10 @@ def main() -> int:
         "process_start": PROCESS_START,
         "import_s": IMPORTED - PROCESS_START,
         "collect_s": collect_s,
+        "collect_cpu_s": collect_cpu_s,
         "written": len(rollouts),
         "statuses": collections.Counter(r.status.value for r in rollouts),
-        "errors": {str(k)[:300]: v for k, v in errors.items()},
+        "errors": {short(str(error)): count for error, count in errors.items()},
         "latencies_ms": latencies,
         "requests": len(latencies),
         "batch_shape": [list(batch.prompt_ids.shape), list(batch.completion_ids.shape)],

@@ -113,6 +113,43 @@ def test_two_ranks_share_the_groups_and_rank_0_syncs(gym_venv: object, tmp_path:
     assert all(s["mismatch_max"] < MISMATCH_MAX and s["failures"] == {} for s in steps)
 
 
+def test_a_sharded_two_rank_run_resumes_in_one_process(gym_venv: object, tmp_path: Path) -> None:
+    """torchrun with 2 processes and ``--fsdp`` (the policy sharded over both, gloo): the
+    adapter each step publishes is gathered in full (the mismatch stays at the fp32 bound);
+    its checkpoint holds the full adapter and optimizer state, so one process without
+    sharding resumes it and continues the step numbering (its new sampler counts adapter
+    versions from 0 again, the checkpoint's adapter being version 0)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
+    argv += ["--master_port", str(port), "-m", "nemogym_sdk.train", "--out", str(out)]
+    argv += ["--steps", "2", "--rows-per-step", "2", "--fsdp"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    train(out, "--steps", "3", "--rows-per-step", "2", "--resume")
+    steps = metrics(out)
+    assert [(s["step"], s["adapter_version"]) for s in steps] == [(0, 1), (1, 2), (2, 1)]
+    assert all(s["mismatch_max"] < MISMATCH_MAX and s["failures"] == {} for s in steps)
+
+
+def test_nemo_gyms_own_launcher_starts_the_environments(gym_venv: object, tmp_path: Path) -> None:
+    """``--launcher gym``: the environments run under ``gym env start`` (Ray, NeMo Gym's head
+    server), the trainer attaches through it, and stopping leaves the launcher's log saying it
+    shut its Ray cluster down."""
+    out = tmp_path / "run"
+    train(out, "--steps", "2", "--rows-per-step", "2", "--launcher", "gym")
+    steps = metrics(out)
+    assert [s["adapter_version"] for s in steps] == [1, 2]
+    assert all(s["failures"] == {} and s["rollouts"] == 16 for s in steps)
+    log = (out / "gym" / "logs" / "gym.log").read_text()
+    assert "Starting `target_chars_agent`" in log and "Shutting down Ray cluster" in log
+
+
 def test_config_errors_say_how_to_fix_them(gym_venv: object, tmp_path: Path) -> None:
     """Unknown environment, unreachable backend, a context too small: exit 2 with the fix."""
     out = tmp_path / "run"
