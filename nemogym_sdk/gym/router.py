@@ -15,7 +15,7 @@ It runs ``--policy sticky_least_loaded``: the first request of a key (the header
 worker and every later one to the same worker; ``nemogym_sdk.serve`` in front of the router
 sends a group's key, so a group's rollouts share one replica's prefix cache and the groups
 spread evenly. (``consistent_hash`` also keeps a key on one worker, but hashes keys onto
-workers unevenly: with a few dozen groups in flight, 0.71 of linear scaling at two replicas
+workers unevenly: with a few dozen groups in flight, 0.79 of linear scaling at eight replicas
 against 1.00, ``benchmarks/bench_router_scaling.py``.) A worker that dies is
 dropped by the router's circuit breaker and health checks (every ``health_interval``
 seconds), and its keys move to the others; a request already sent to it is retried there.
