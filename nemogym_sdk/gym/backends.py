@@ -20,19 +20,18 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 
 import attrs
 
 from nemogym_sdk.gym.config import free_loopback_ports
-from nemogym_sdk.gym.process import ServerProcess, spawn, stop_all, wait_ready
+from nemogym_sdk.gym.process import ServerProcess, StopOnExit, spawn, stop_all, wait_ready
 from nemogym_sdk.gym.specs import LOOPBACK, PolicyModel
 
 __all__ = ["BackendProcess", "start_serve"]
 
 
 @attrs.define(kw_only=True, eq=False)
-class BackendProcess:
+class BackendProcess(StopOnExit):
     """A running model backend; a context manager that stops it on exit."""
 
     process: ServerProcess
@@ -67,17 +66,6 @@ class BackendProcess:
     def stop(self, grace: float = 5.0) -> None:
         """SIGTERM the process group, SIGKILL after ``grace`` seconds (idempotent)."""
         stop_all([self.process], grace)
-
-    def __enter__(self) -> BackendProcess:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def start_serve(

@@ -16,6 +16,8 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import TracebackType
+from typing import Self
 
 import attrs
 import requests
@@ -27,6 +29,7 @@ __all__ = [
     "ProcessGroup",
     "ProcessSpec",
     "ServerProcess",
+    "StopOnExit",
     "group_alive",
     "spawn",
     "stop_all",
@@ -66,6 +69,27 @@ class ServerProcess:
     def tail(self, lines: int = TAIL_LINES) -> str:
         """The last ``lines`` lines of the log."""
         return tail(self.log_path, lines)
+
+
+class StopOnExit:
+    """``with`` support for a started server object: ``stop()`` on exit (of the block or,
+    through ``atexit`` elsewhere, of the interpreter). Subclasses define ``stop``."""
+
+    __slots__ = ()
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
 
 
 @attrs.frozen(kw_only=True)

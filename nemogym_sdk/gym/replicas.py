@@ -28,12 +28,12 @@ import os
 import signal
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import TracebackType
 
 import attrs
 
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.gym.backends import BackendProcess, start_serve
+from nemogym_sdk.gym.process import StopOnExit
 from nemogym_sdk.gym.router import RouterProcess, start_router
 
 __all__ = ["SamplerFleet", "start_samplers"]
@@ -42,7 +42,7 @@ BACKENDS = ("transformers", "vllm")
 
 
 @attrs.define(kw_only=True, eq=False)
-class SamplerFleet:
+class SamplerFleet(StopOnExit):
     """Replicas, the router in front of them, and the proxy in front of the router."""
 
     replicas: list[BackendProcess]
@@ -76,17 +76,6 @@ class SamplerFleet:
                 stack.callback(replica.stop)
             stack.callback(self.router.stop)
             stack.callback(self.proxy.stop)
-
-    def __enter__(self) -> SamplerFleet:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def start_samplers(

@@ -33,7 +33,6 @@ import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import attrs
@@ -41,7 +40,7 @@ import requests
 
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.gym.config import free_loopback_ports
-from nemogym_sdk.gym.process import ServerProcess, spawn, stop_all, wait_ready
+from nemogym_sdk.gym.process import ServerProcess, StopOnExit, spawn, stop_all, wait_ready
 from nemogym_sdk.gym.specs import LOOPBACK
 from nemogym_sdk.hosts import server_root
 
@@ -89,7 +88,7 @@ def find_router(path: str | os.PathLike[str] | None = None) -> Path:
 
 
 @attrs.define(kw_only=True, eq=False)
-class RouterProcess:
+class RouterProcess(StopOnExit):
     """A running ``vllm-router``; a context manager that stops it on exit."""
 
     process: ServerProcess
@@ -130,17 +129,6 @@ class RouterProcess:
     def stop(self, grace: float = 5.0) -> None:
         """SIGTERM the process group, SIGKILL after ``grace`` seconds (idempotent)."""
         stop_all([self.process], grace)
-
-    def __enter__(self) -> RouterProcess:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def start_router(
