@@ -76,7 +76,8 @@ class TrainConfig:
     dtype: str = "float32"
     """The learner's base weights: ``float32`` (sampler and learner logprobs agree to ~1e-5)
     or ``bfloat16`` (half the memory on a GPU; the LoRA weights and the optimizer stay
-    float32; the mismatch metric shows the difference). A vLLM sampler gets the same dtype."""
+    float32; the mismatch metric shows the difference). A vLLM sampler started by the run
+    gets the same dtype; the ``transformers`` sampler stays float32."""
     fsdp: bool = False
     """Shard the learner over the ``torchrun`` ranks with FSDP2 (NCCL on GPUs, gloo on CPUs),
     for models that do not fit on one device; without it every rank holds the whole model."""

@@ -79,6 +79,7 @@ def _vllm_sampler(config: TrainConfig, out: Path, model: str | None, device: str
             max_model_len=config.max_model_len,
             max_lora_rank=next(r for r in (8, 16, 32, 64, 128, 256, 512) if r >= config.lora_rank),
             max_loras=max(2, config.adapter_versions),  # every version kept, in one batch
+            dtype=config.dtype,  # the learner's: the mismatch then measures kernels only
             seed=config.seed,
             extra_args=[
                 *("--logprobs-mode", "processed_logprobs"),
@@ -133,6 +134,7 @@ def _replicated_sampler(
         version_policy=config.version_policy,
         max_model_len=config.max_model_len,
         max_lora_rank=next(r for r in (8, 16, 32, 64, 128, 256, 512) if r >= config.lora_rank),
+        dtype=config.dtype,
         replica_args=replica_args,
         log_dir=logs,
     ) as fleet:

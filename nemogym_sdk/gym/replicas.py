@@ -89,6 +89,7 @@ def start_samplers(
     version_policy: str = "pinned",
     max_model_len: int = 2048,
     max_lora_rank: int = 8,
+    dtype: str = "float32",
     replica_args: Sequence[str] = (),
     log_dir: str | os.PathLike[str] | None = None,
 ) -> SamplerFleet:
@@ -106,6 +107,7 @@ def start_samplers(
         version_policy: ``pinned`` or ``in_flight`` (the proxy's ``--version-policy``).
         max_model_len: the context window of vLLM replicas.
         max_lora_rank: vLLM replicas' ``--max-lora-rank``.
+        dtype: vLLM replicas' ``--dtype`` (``nemogym_sdk.serve`` workers run float32).
         replica_args: more flags for every replica; ``{replica}`` in a flag becomes the
             replica's index (e.g. ``--record`` to ``rec-{replica}.jsonl``).
         log_dir: where each process logs (``replica-<i>.log``, ``router.log``, ``proxy.log``).
@@ -135,6 +137,7 @@ def start_samplers(
                 log(f"replica-{i}"),
                 max_model_len,
                 max_lora_rank,
+                dtype,
                 [arg.replace("{replica}", str(i)) for arg in replica_args],
             ),
         )
@@ -186,6 +189,7 @@ def _replica(
     log_path: Path | None,
     max_model_len: int,
     max_lora_rank: int,
+    dtype: str,
     extra_args: Sequence[str],
 ) -> BackendProcess:
     if backend == "vllm":
@@ -196,6 +200,7 @@ def _replica(
             max_model_len=max_model_len,
             max_lora_rank=max_lora_rank,
             max_loras=max(2, adapter_versions),
+            dtype=dtype,
             seed=seed + index,
             extra_args=["--logprobs-mode", logprobs_mode, *extra_args],
             log_path=log_path,
