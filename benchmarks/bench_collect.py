@@ -120,6 +120,15 @@ def cpu_seconds(groups: dict[str, int], pids: dict[str, int]) -> dict[str, float
     return {name: t / TICK for name, t in ticks.items()}
 
 
+def machine_ticks() -> tuple[int, int, int]:
+    """(busy, steal, all) clock ticks of every CPU so far (``/proc/stat``)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    steal = fields[7] if len(fields) > 7 else 0
+    total = sum(fields[:8])
+    return total - idle - steal, steal, total
+
+
 def run_child(argv: list[str], log: Path, groups: dict[str, int], pids: dict[str, int]) -> dict:
     """Run one collector process; its exit code, whole-process wall time, and the CPU
     seconds of the stack's processes between its ``BENCH_START`` and ``BENCH_END``."""
@@ -132,11 +141,12 @@ def run_child(argv: list[str], log: Path, groups: dict[str, int], pids: dict[str
         assert process.stdout is not None
         cpu0 = cpu1 = None
         t0 = t1 = 0.0
+        m0 = m1 = (0, 0, 0)
         for line in process.stdout:
             if line.startswith("BENCH_START"):
-                cpu0, t0 = cpu_seconds(groups, pids), time.perf_counter()
+                cpu0, t0, m0 = cpu_seconds(groups, pids), time.perf_counter(), machine_ticks()
             elif line.startswith("BENCH_END"):
-                cpu1, t1 = cpu_seconds(groups, pids), time.perf_counter()
+                cpu1, t1, m1 = cpu_seconds(groups, pids), time.perf_counter(), machine_ticks()
             else:
                 errors.write(line)
         code = process.wait()
@@ -146,7 +156,9 @@ def run_child(argv: list[str], log: Path, groups: dict[str, int], pids: dict[str
         if cpu0 is not None and cpu1 is not None and t1 > t0
         else {}
     )
-    return {"code": code, "wall_s": wall, "server_cpu_share": shares}
+    span = max(m1[2] - m0[2], 1)
+    machine = {"busy": (m1[0] - m0[0]) / span, "steal": (m1[1] - m0[1]) / span}
+    return {"code": code, "wall_s": wall, "server_cpu_share": shares, "machine": machine}
 
 
 # --- rows -----------------------------------------------------------------------------------
@@ -348,61 +360,63 @@ def med(runs: list[dict[str, Any]], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
 
+COMPONENTS = ("relay", "agent", "model", "resources", "standin")
+
+
 def report(args: argparse.Namespace, results: dict, failures: dict, variants: list[str]) -> str:
-    lines = []
     k = args.num_repeats
-    lines.append(
+    lines = [
         f"example_single_tool_call (2 model calls + 1 tool call per rollout), rows x {k} "
-        f"repeats, median of {args.repeats}; rate = rollouts / (collection [+ parse for "
-        "nemo_gym]); whole = rollouts / (process wall incl. interpreter start [+ parse])"
-    )
-    lines.append(
-        "latency = send-to-receive per rollout (slot held, POST /run, answer read); "
-        "CPU = the collector process's own CPU per rollout during collection (+ parse)"
-    )
-    header = (
+        f"repeats, median of {args.repeats} runs per cell",
+        "rate/s  = rollouts / (collection [+ parse and collate, for nemo_gym]);  "
+        "whole/s = rollouts / (process wall incl. interpreter start [+ parse])",
+        "p50/p99 = send-to-receive per rollout (slot held, POST /run, answer read);  "
+        "CPU ms  = the collector's own CPU per rollout during collection (+ parse)",
+        "% of one core during the collection: coll(ector), relay, agent, model server, "
+        "resources server, stand-in;  box = all CPUs busy (2 = 200 %)",
+        "",
         f"{'conc':>4} {'variant':<9} {'rollouts':>8} {'rate/s':>7} {'whole/s':>7} "
-        f"{'p50 ms':>7} {'p99 ms':>7} {'RSS MiB':>7} {'CPU ms':>6}  "
-        "stack CPU, % of one core: relay agent model resources standin"
-    )
-    lines.append(header)
+        f"{'p50 ms':>7} {'p99 ms':>7} {'RSS MiB':>7} {'CPU ms':>6} "
+        f"{'coll':>5}{''.join(f'{n[:5]:>6}' for n in COMPONENTS)} {'box':>5}",
+    ]
     for concurrency, by_variant in results.items():
         for variant in variants:
             runs = by_variant[variant]
-            share = {
-                name: statistics.median(r["server_cpu_share"].get(name, 0.0) for r in runs)
-                for name in ("relay", "agent", "model", "resources", "standin")
-            }
+            share = [
+                statistics.median(r["server_cpu_share"].get(name, 0.0) for r in runs)
+                for name in COMPONENTS
+            ]
+            collector = statistics.median(r["collect_cpu_s"] / r["collect_s"] for r in runs)
+            box = statistics.median(2 * r["machine"]["busy"] for r in runs)
             lines.append(
                 f"{concurrency:>4} {variant:<9} {runs[0]['written']:>8} {med(runs, 'rate'):>7.1f} "
-                f"{med(runs, 'rate_wall'):>7.1f} {med(runs, 'p50_ms'):>7.1f} "
-                f"{med(runs, 'p99_ms'):>7.1f} {med(runs, 'rss_mib'):>7.0f} "
-                f"{med(runs, 'cpu_ms_per_rollout'):>6.2f}  "
-                + " ".join(f"{100 * share[name]:4.0f}" for name in share)
+                f"{med(runs, 'rate_wall'):>7.1f} {med(runs, 'p50_ms'):>7.0f} "
+                f"{med(runs, 'p99_ms'):>7.0f} {med(runs, 'rss_mib'):>7.0f} "
+                f"{med(runs, 'cpu_ms_per_rollout'):>6.2f} {100 * collector:>5.0f}"
+                + "".join(f"{100 * x:>6.0f}" for x in share)
+                + f" {100 * box:>5.0f}"
             )
         sdk, ng = by_variant[SDK], by_variant[NG]
+        paired = ", ".join(f"{a['rate'] / b['rate']:.2f}" for a, b in zip(sdk, ng, strict=True))
         ratio = (
-            f"{'':>4} sdk/nemo_gym: rate {med(sdk, 'rate') / med(ng, 'rate'):.2f}x, "
+            f"{'':>4} sdk/nemo_gym: rate {med(sdk, 'rate') / med(ng, 'rate'):.2f}x "
+            f"(per repeat {paired}), "
             f"whole {med(sdk, 'rate_wall') / med(ng, 'rate_wall'):.2f}x, "
-            f"RSS {med(sdk, 'rss_mib') / med(ng, 'rss_mib'):.2f}x, "
-            f"p50 {med(sdk, 'p50_ms') / med(ng, 'p50_ms'):.2f}x"
+            f"RSS {med(sdk, 'rss_mib') / med(ng, 'rss_mib'):.2f}x"
         )
         if SDK_RELAY in by_variant:
             relay = by_variant[SDK_RELAY]
             ratio += f"; sdk_relay/nemo_gym rate {med(relay, 'rate') / med(ng, 'rate'):.2f}x"
         lines.append(ratio)
-        rate_ratios = ", ".join(
-            f"{s['rate'] / n['rate']:.2f}" for s, n in zip(sdk, ng, strict=True)
-        )
-        parse_ms = 1000 * med(ng, "parse_s")
         lines.append(
-            f"{'':>4} sdk/nemo_gym rate per repeat: {rate_ratios}; nemo_gym's parse+collate "
-            f"{parse_ms:.0f} ms of {1000 * med(ng, 'collect_s'):.0f} ms collection"
+            f"{'':>4} nemo_gym: parse+collate {1000 * med(ng, 'parse_s'):.0f} ms after "
+            f"{1000 * med(ng, 'collect_s'):.0f} ms of collection; process start and imports "
+            f"{med(ng, 'import_s'):.1f} s (sdk {med(sdk, 'import_s'):.1f} s)"
         )
     lines.append("")
     lines.append(
-        "failure run: 8 rows x 4 repeats at concurrency 4, row 3's episodes fail "
-        "(the stand-in answers its model call with HTTP 400)"
+        "failure run: 8 rows x 4 repeats at concurrency 4; row 3's 4 episodes fail "
+        "(the stand-in answers their first model call with HTTP 400)"
     )
     for name, r in failures.items():
         if name.startswith("nemo_gym"):
@@ -415,7 +429,8 @@ def report(args: argparse.Namespace, results: dict, failures: dict, variants: li
         else:
             lines.append(
                 f"  {name}: exit {r['code']}, {r.get('written', 0)} of 32 rollouts returned, "
-                f"statuses {dict(r.get('statuses', {}))}, {r.get('requests')} /run sends"
+                f"statuses {dict(r.get('statuses', {}))}, batch {r.get('batch_shape')} "
+                f"with {r.get('batch_ok')} OK rows"
             )
             for error, count in (r.get("errors") or {}).items():
                 lines.append(f"    {count} x {error}")

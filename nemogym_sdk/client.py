@@ -33,6 +33,7 @@ from collections.abc import AsyncGenerator, Coroutine, Iterable, Mapping, Sequen
 from typing import Any, NamedTuple, TypeVar
 
 import attrs
+import orjson
 
 from nemogym_sdk._aio import Attempt, Outcome
 from nemogym_sdk._balance import Balancer
@@ -254,7 +255,7 @@ class AgentClient(SessionOwner):
             if self.group_affinity:
                 data = with_affinity(data, request.row.row_id)
             try:
-                body = json.dumps(build_run_body(data, overrides)).encode()
+                body = orjson.dumps(build_run_body(data, overrides))
             except (TypeError, ValueError) as exc:
                 raise DataError(f"row {request.row.row_id} cannot be sent as JSON: {exc}") from exc
             jobs.append(_Job(index, request, name, urls[name], body))

@@ -8,8 +8,8 @@ its imports is checked against the layers below. They are the design's (DESIGN.m
   policy, devices, ranks, rollout_groups) imports only the core. It never imports torch, trl, vllm,
   axolotl, transformers or peft, at module level or in a function, except the two torch
   bridges the design names: ``Batch.to_torch`` (records) and ``devices.torch_device``.
-- **io** (the network: ``_aio``, ``_http``, ``_ready``, ``_session``, directory, client,
-  rollout_engine, verify) imports core and io, and never a heavy framework.
+- **io** (the network: ``_aio``, ``_balance``, ``_http``, ``_ready``, ``_session``, directory,
+  client, rollout_engine, verify) imports core and io, and never a heavy framework.
 - **lora** (LoRA sync) imports core, io and itself.
 - **logits** (the logit processing the sampler and the learner share; torch) imports core.
 - **serve** (the model server) imports core, io, logits and itself.
@@ -20,7 +20,8 @@ its imports is checked against the layers below. They are the design's (DESIGN.m
   **adapters.trl** and **adapters.axolotl** import core, io, lora and themselves; no
   adapter imports another adapter, ``serve`` or ``gym``.
 - **config** (``train_config``: the trainer's settings) imports core only.
-- **apps** (the reference trainer: ``train``, ``train_outputs``, ``train_play``) may import
+- **apps** (the reference trainer: ``train``, ``train_learner``, ``train_outputs``,
+  ``train_play``, ``train_sampler``) may import
   any layer.
 
 Only the modules listed in ``HEAVY_AT_IMPORT`` import a heavy framework when they load, and
@@ -64,6 +65,7 @@ IO = frozenset(
     f"{ROOT}.{name}"
     for name in (
         "_aio",
+        "_balance",
         "_http",
         "_ready",
         "_session",
@@ -105,6 +107,7 @@ HEAVY_AT_IMPORT = frozenset(
         "nemogym_sdk.adapters.torch",
         "nemogym_sdk.adapters.torch._dist",
         "nemogym_sdk.adapters.torch.logprobs",
+        "nemogym_sdk.adapters.torch.sharding",
         "nemogym_sdk.adapters.torch.losses",
         "nemogym_sdk.adapters.torch.step",
         "nemogym_sdk.logits",
@@ -126,7 +129,7 @@ def layer(module: str) -> str:
         return "logits"
     if first == "train_config":
         return "config"
-    if first in ("train", "train_outputs", "train_play"):
+    if first in ("train", "train_learner", "train_outputs", "train_play", "train_sampler"):
         return "apps"
     if first in PACKAGE_LAYERS:
         return first
