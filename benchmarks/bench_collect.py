@@ -326,9 +326,9 @@ def measure(bench: Bench, args: argparse.Namespace, variants: list[str]) -> dict
         rows = bench.rows_file(n_rows)
         results[concurrency] = {v: [] for v in variants}
         for repeat in range(args.repeats):
+            # rotated: each variant takes each place once in len(variants) repeats, and
+            # nemo_gym and sdk swap order from one repeat to the next
             order = variants[repeat % len(variants) :] + variants[: repeat % len(variants)]
-            if repeat % 2:
-                order.reverse()
             for variant in order:
                 result = bench.run(variant, rows, k, concurrency)
                 check(result, n_rows * k)
@@ -373,11 +373,12 @@ def report(args: argparse.Namespace, results: dict, failures: dict, variants: li
         "p50/p99 = send-to-receive per rollout (slot held, POST /run, answer read);  "
         "CPU ms  = the collector's own CPU per rollout during collection (+ parse)",
         "% of one core during the collection: coll(ector), relay, agent, model server, "
-        "resources server, stand-in;  box = all CPUs busy (2 = 200 %)",
+        "resources server, stand-in; other = any other process on the box; "
+        f"box = all CPUs busy ({os.cpu_count()} CPUs = {100 * (os.cpu_count() or 1)})",
         "",
         f"{'conc':>4} {'variant':<9} {'rollouts':>8} {'rate/s':>7} {'whole/s':>7} "
         f"{'p50 ms':>7} {'p99 ms':>7} {'RSS MiB':>7} {'CPU ms':>6} "
-        f"{'coll':>5}{''.join(f'{n[:5]:>6}' for n in COMPONENTS)} {'box':>5}",
+        f"{'coll':>5}{''.join(f'{n[:5]:>6}' for n in COMPONENTS)} {'other':>5} {'box':>5}",
     ]
     for concurrency, by_variant in results.items():
         for variant in variants:
@@ -387,14 +388,20 @@ def report(args: argparse.Namespace, results: dict, failures: dict, variants: li
                 for name in COMPONENTS
             ]
             collector = statistics.median(r["collect_cpu_s"] / r["collect_s"] for r in runs)
-            box = statistics.median(2 * r["machine"]["busy"] for r in runs)
+            box = statistics.median(os.cpu_count() * r["machine"]["busy"] for r in runs)
+            other = statistics.median(
+                os.cpu_count() * r["machine"]["busy"]
+                - r["collect_cpu_s"] / r["collect_s"]
+                - sum(r["server_cpu_share"].values())
+                for r in runs
+            )
             lines.append(
                 f"{concurrency:>4} {variant:<9} {runs[0]['written']:>8} {med(runs, 'rate'):>7.1f} "
                 f"{med(runs, 'rate_wall'):>7.1f} {med(runs, 'p50_ms'):>7.0f} "
                 f"{med(runs, 'p99_ms'):>7.0f} {med(runs, 'rss_mib'):>7.0f} "
                 f"{med(runs, 'cpu_ms_per_rollout'):>6.2f} {100 * collector:>5.0f}"
                 + "".join(f"{100 * x:>6.0f}" for x in share)
-                + f" {100 * box:>5.0f}"
+                + f" {100 * other:>5.0f} {100 * box:>5.0f}"
             )
         sdk, ng = by_variant[SDK], by_variant[NG]
         paired = ", ".join(f"{a['rate'] / b['rate']:.2f}" for a, b in zip(sdk, ng, strict=True))
@@ -413,6 +420,8 @@ def report(args: argparse.Namespace, results: dict, failures: dict, variants: li
             f"{1000 * med(ng, 'collect_s'):.0f} ms of collection; process start and imports "
             f"{med(ng, 'import_s'):.1f} s (sdk {med(sdk, 'import_s'):.1f} s)"
         )
+    if not failures:
+        return "\n".join(lines)
     lines.append("")
     lines.append(
         "failure run: 8 rows x 4 repeats at concurrency 4; row 3's 4 episodes fail "

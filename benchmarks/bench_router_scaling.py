@@ -31,10 +31,10 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from standin_sampler import start_standins  # noqa: E402
+from standin_sampler import start_standins
 
-from nemogym_sdk.gym import start_router  # noqa: E402
-from nemogym_sdk.wire import ROUTER_SESSION_HEADER  # noqa: E402
+from nemogym_sdk.gym import start_router
+from nemogym_sdk.wire import ROUTER_SESSION_HEADER
 
 POLICIES = ("consistent_hash", "sticky_least_loaded")
 

@@ -31,7 +31,7 @@ from aiohttp import web
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sim_async import throughput  # noqa: E402 - the one copy of the measured curve
+from sim_async import throughput
 
 
 class Replica:
