@@ -278,9 +278,15 @@ class AgentClient(SessionOwner):
 
     async def _play(self, job: _Job, deadline: float | None) -> RawRun:
         started = time.monotonic()
-        if len(job.urls) == 1:  # one deployment runs the agent (hot path)
+        if len(job.urls) == 1:  # one deployment runs the agent (hot path: no extra await)
             url = job.urls[0]
-            attempt = await self._attempt(url, job.body, deadline)
+            per_host, everyone = self._limits(url)
+            if per_host is None:  # the per-host limit cannot bind: skip it
+                async with everyone:
+                    attempt = await self._send(url, job.body, deadline)
+            else:
+                async with per_host, everyone:
+                    attempt = await self._send(url, job.body, deadline)
             attempts, tried = attempt.attempts, 1
         else:
             url, attempt, attempts, tried = await self._play_balanced(job, deadline)
