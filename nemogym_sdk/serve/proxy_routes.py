@@ -200,7 +200,10 @@ class _VllmAdapters:
             if status < 400 and self.proxy.replicas:
                 status, raw = await self._listed(server, str(body["lora_name"]), path)
             if status >= 400:
-                raise self._refused(server, status, raw, await self._undo(done, undo))
+                # an in-place reload that failed may have changed the slot there too (vLLM
+                # records the failed path): reload what it held on the refusing one as well
+                again = [*done, server] if undo is not None and "lora_path" in undo else done
+                raise self._refused(server, status, raw, await self._undo(again, undo))
             done.append(server)
 
     async def _listed(self, server: str, slot: str, path: str) -> tuple[int, bytes]:
