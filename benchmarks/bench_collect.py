@@ -50,8 +50,6 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +58,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from local_servers import start_script
 from model_standin import FAIL_MARKER
 
 from nemogym_sdk import collate, parse_agent_response
@@ -80,25 +79,9 @@ _FAILURE_CLASS = re.compile(rb'"_ng_failure_class":"([^"]*)"')
 # --- processes ------------------------------------------------------------------------------
 
 
-@contextmanager
-def stand_in(*flags: str) -> Iterator[tuple[str, int]]:
+def stand_in(*flags: str) -> Any:
     """Start the model stand-in; yield ``(base_url, pid)``; stop it by its PID."""
-    process = subprocess.Popen(
-        [sys.executable, str(HERE / "model_standin.py"), *flags], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        if not line.startswith("PORT "):
-            raise RuntimeError(f"the model stand-in did not start: {line!r}")
-        yield f"http://127.0.0.1:{int(line.split()[1])}", process.pid
-    finally:
-        process.terminate()  # this child only, by its PID
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    return start_script(HERE / "model_standin.py", *flags)
 
 
 def cpu_seconds(groups: dict[str, int], pids: dict[str, int]) -> dict[str, float]:

@@ -28,6 +28,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -123,10 +124,12 @@ def make_app(args: argparse.Namespace) -> web.Application:
     return app
 
 
-async def _serve(args: argparse.Namespace) -> None:
-    runner = web.AppRunner(make_app(args), access_log=None, shutdown_timeout=1.0)
+async def serve_app(app: web.Application, port: int = 0, backlog: int = 1024) -> None:
+    """Serve ``app`` on 127.0.0.1, print ``PORT <n>`` (what `start_script` reads), and run
+    until SIGTERM or SIGINT."""
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", args.port, backlog=1024)
+    site = web.TCPSite(runner, "127.0.0.1", port, backlog=backlog)
     await site.start()
     print(f"PORT {runner.addresses[0][1]}", flush=True)
     stop = asyncio.Event()
@@ -135,6 +138,10 @@ async def _serve(args: argparse.Namespace) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await runner.cleanup()
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    await serve_app(make_app(args), args.port)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -149,16 +156,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 @contextmanager
-def start_server(*flags: str) -> Iterator[tuple[str, int]]:
-    """Start this script as a child process; yield ``(base_url, pid)``; stop it by PID."""
+def start_script(script: str | Path, *flags: str) -> Iterator[tuple[str, int]]:
+    """Start a server script (one that serves with `serve_app`) as a child process; yield
+    ``(base_url, pid)``; stop it by its PID."""
     process = subprocess.Popen(
-        [sys.executable, __file__, *flags], stdout=subprocess.PIPE, text=True
+        [sys.executable, str(script), *flags], stdout=subprocess.PIPE, text=True
     )
     try:
         assert process.stdout is not None
         line = process.stdout.readline()
         if not line.startswith("PORT "):
-            raise RuntimeError(f"the benchmark server did not start: {line!r}")
+            raise RuntimeError(f"{Path(script).name} did not start: {line!r}")
         yield f"http://127.0.0.1:{int(line.split()[1])}", process.pid
     finally:
         process.terminate()  # this child only, by its PID
@@ -167,6 +175,11 @@ def start_server(*flags: str) -> Iterator[tuple[str, int]]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def start_server(*flags: str) -> Any:
+    """Start this script as a child process; yield ``(base_url, pid)``; stop it by PID."""
+    return start_script(__file__, *flags)
 
 
 if __name__ == "__main__":

@@ -29,12 +29,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import signal
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import orjson
 from aiohttp import web
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from local_servers import serve_app
 
 FAIL_MARKER = "__bench_fail__"
 """A message containing this text makes the stand-in answer HTTP 400."""
@@ -153,17 +158,7 @@ def make_app(stand_in: StandIn) -> web.Application:
 
 async def _serve(args: argparse.Namespace) -> None:
     stand_in = StandIn(args.model, args.prompt_tokens, args.generation_tokens)
-    runner = web.AppRunner(make_app(stand_in), access_log=None, shutdown_timeout=1.0)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", args.port, backlog=4096)
-    await site.start()
-    print(f"PORT {runner.addresses[0][1]}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await runner.cleanup()
+    await serve_app(make_app(stand_in), args.port, backlog=4096)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -68,7 +68,8 @@ def sampler(config: TrainConfig, out: Path, device: str = "cpu") -> Iterator[str
 
 def _vllm_sampler(config: TrainConfig, out: Path, model: str | None, device: str) -> Iterator[str]:
     """Real vLLM, with ``nemogym_sdk.serve`` in front splicing token-exact multi-turn prompts."""
-    from nemogym_sdk.gym import start_serve, start_vllm
+    from nemogym_sdk.gym import start_vllm
+    from nemogym_sdk.gym.replicas import start_proxy
     from nemogym_sdk.serve.tiny import save_tiny
 
     model_dir = Path(model) if model is not None else save_tiny(out / "model", config.seed)
@@ -88,11 +89,11 @@ def _vllm_sampler(config: TrainConfig, out: Path, model: str | None, device: str
             ],
             log_path=logs / "vllm.log",
         ) as vllm,
-        start_serve(
-            mode="sample",
-            logprobs_mode="processed_logprobs",
-            model=str(model_dir),
-            extra_args=["--backend", "vllm", "--vllm-url", vllm.base_url, *_version_args(config)],
+        start_proxy(
+            vllm.base_url,
+            model_dir,
+            adapter_versions=config.adapter_versions,
+            version_policy=config.version_policy,
             log_path=logs / "serve.log",
         ) as proxy,
     ):
@@ -104,19 +105,19 @@ def _replicated_sampler(
 ) -> Iterator[str]:
     """Several replicas behind ``vllm-router``, ``nemogym_sdk.serve`` in front of it: the
     ones started here (``replicas``), or running ones (``router_url`` + ``replica_urls``)."""
-    from nemogym_sdk.gym import start_samplers, start_serve
+    from nemogym_sdk.gym import start_samplers
+    from nemogym_sdk.gym.replicas import start_proxy
     from nemogym_sdk.serve.tiny import save_tiny
 
     model_dir = Path(model) if model is not None else save_tiny(out / "model", config.seed)
     logs = out / "logs"
     if config.router_url is not None:
-        args = ["--backend", "vllm", "--vllm-url", openai_url(config.router_url)]
-        args += [a for url in config.replica_urls for a in ("--replica", openai_url(url))]
-        with start_serve(
-            mode="sample",
-            logprobs_mode="processed_logprobs",
-            model=str(model_dir),
-            extra_args=[*args, *_version_args(config)],
+        with start_proxy(
+            config.router_url,
+            model_dir,
+            replicas=config.replica_urls,
+            adapter_versions=config.adapter_versions,
+            version_policy=config.version_policy,
             log_path=logs / "serve.log",
         ) as proxy:
             yield proxy.base_url

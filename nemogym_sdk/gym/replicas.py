@@ -35,8 +35,9 @@ from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.gym.backends import BackendProcess, start_serve
 from nemogym_sdk.gym.process import StopOnExit
 from nemogym_sdk.gym.router import RouterProcess, start_router
+from nemogym_sdk.hosts import openai_url
 
-__all__ = ["SamplerFleet", "start_samplers"]
+__all__ = ["SamplerFleet", "start_proxy", "start_samplers"]
 
 BACKENDS = ("transformers", "vllm")
 
@@ -146,22 +147,44 @@ def start_samplers(
         router = started.enter_context(
             start_router([r.base_url for r in replicas], log_path=log("router"))
         )
-        proxy_args = ["--backend", "vllm", "--vllm-url", router.base_url]
-        for replica in replicas:
-            proxy_args += ["--replica", replica.base_url]
-        proxy_args += ["--adapter-versions", str(adapter_versions)]
-        proxy_args += ["--version-policy", version_policy]
         proxy = started.enter_context(
-            start_serve(
-                mode="sample",
+            start_proxy(
+                router.base_url,
+                model,
+                replicas=[replica.base_url for replica in replicas],
                 logprobs_mode=logprobs_mode,
-                model=str(model),
-                extra_args=proxy_args,
+                adapter_versions=adapter_versions,
+                version_policy=version_policy,
                 log_path=log("proxy"),
             )
         )
         started.pop_all()
     return SamplerFleet(replicas=replicas, router=router, proxy=proxy)
+
+
+def start_proxy(
+    vllm_url: str,
+    model_dir: str | os.PathLike[str],
+    *,
+    replicas: Sequence[str] = (),
+    logprobs_mode: str = "processed_logprobs",
+    adapter_versions: int = 1,
+    version_policy: str = "pinned",
+    log_path: str | os.PathLike[str] | None = None,
+) -> BackendProcess:
+    """``nemogym_sdk.serve --backend vllm`` in front of ``vllm_url`` (one vLLM server, or a
+    router over ``replicas``, each of which then gets every adapter): the token-exact splice
+    and the adapter versions kept side by side."""
+    args = ["--backend", "vllm", "--vllm-url", openai_url(vllm_url)]
+    args += [a for url in replicas for a in ("--replica", openai_url(url))]
+    args += ["--adapter-versions", str(adapter_versions), "--version-policy", version_policy]
+    return start_serve(
+        mode="sample",
+        logprobs_mode=logprobs_mode,
+        model=str(model_dir),
+        extra_args=args,
+        log_path=log_path,
+    )
 
 
 def _start_replicas(count: int, start: Callable[[int], BackendProcess]) -> list[BackendProcess]:

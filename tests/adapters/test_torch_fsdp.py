@@ -12,7 +12,6 @@ on both.
 from __future__ import annotations
 
 import copy
-import datetime
 import json
 from pathlib import Path
 
@@ -21,22 +20,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from .conftest import lora_policy  # noqa: E402
-from .test_torch_two_rank_step import _step, free_port, shard  # noqa: E402
+from .test_torch_two_rank_step import _step, free_port, join_gloo, shard  # noqa: E402
 
 
 def worker(rank: int, port: int, out: str) -> None:
-    import torch.distributed as dist
-
     from nemogym_sdk.adapters.torch.sharding import full_state_dict, is_sharded
     from nemogym_sdk.adapters.torch.sharding import shard as fsdp
 
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=2,
-        timeout=datetime.timedelta(seconds=120),
-    )
+    dist = join_gloo(rank, port, seconds=120)
     try:
         model = lora_policy(0, perturb=0.05)
         reference = copy.deepcopy(model)

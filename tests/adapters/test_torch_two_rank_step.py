@@ -70,7 +70,8 @@ def _step(model: Any, optimizer: Any, rollouts: list[Rollout], **options: Any) -
     )
 
 
-def worker(rank: int, port: int, out: str) -> None:
+def join_gloo(rank: int, port: int, seconds: float = 60) -> Any:
+    """Join the two-rank gloo group on 127.0.0.1:``port``; ``torch.distributed``."""
     import torch.distributed as dist
 
     dist.init_process_group(
@@ -78,8 +79,13 @@ def worker(rank: int, port: int, out: str) -> None:
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=2,
-        timeout=datetime.timedelta(seconds=60),
+        timeout=datetime.timedelta(seconds=seconds),
     )
+    return dist
+
+
+def worker(rank: int, port: int, out: str) -> None:
+    dist = join_gloo(rank, port)
     try:
         model = lora_policy(0, perturb=0.05)  # B nonzero: every LoRA weight gets a gradient
         reference = copy.deepcopy(model)
