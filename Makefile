@@ -6,12 +6,12 @@ PIP := $(PY) -m pip
 # CPU build of torch: pinned here so a fresh machine does not pull a multi-GB CUDA build.
 # GPU users install their own torch before `pip install nemogym-sdk[serve]`.
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= dev,serve,trl,train,testing
+EXTRAS ?= dev,serve,trl,train,testing,docs,trackers
 # Real NeMo Gym (nemo-gym 0.7.0) needs Python 3.13 and lives in its own venv.
 GYM_VENV := .venv-gym
 NEMO_GYM_SPEC ?= nemo-gym==0.7.0
 
-.PHONY: install gym-venv axolotl-venv vllm-venv router-venv lint typecheck test test-fast fuzz bench demo docs clean
+.PHONY: install gym-venv axolotl-venv vllm-venv router-venv lint typecheck test test-fast fuzz bench demo docs dist clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -123,6 +123,15 @@ bench: install
 DEMO_FLAGS ?=
 demo: install gym-venv vllm-venv
 	$(PY) -m nemogym_sdk.train --config examples/demo.yaml $(DEMO_FLAGS)
+
+# The wheel and the sdist in dist/ (the wheel is built from the sdist, as a user's pip would).
+dist: install
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+
+# The documentation site into site/ (mkdocs; warnings are errors, as in tests/docs).
+docs: install
+	$(VENV)/bin/mkdocs build --strict -d site
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -459,7 +459,7 @@ def table(outcomes: Sequence[Outcome], *, command: str) -> str:
     ]
     for o in sorted(outcomes, key=lambda o: (list(CLASSES).index(o.outcome), o.environment)):
         reward = "" if o.mean_reward is None else f"{o.mean_reward:.2f}"
-        reason = _tidy(o.reason).replace("|", "\\|").replace("\n", " ")
+        reason = _cell(_tidy(o.reason))
         lines.append(f"| `{o.environment}` | {CLASSES[o.outcome]} | {reason} | {reward} |")
     return "\n".join(lines) + "\n"
 
@@ -467,7 +467,10 @@ def table(outcomes: Sequence[Outcome], *, command: str) -> str:
 _MACHINE_PATHS = (
     (re.compile(r"/[^\s'\"]*?/server-envs/[\w.-]+/"), "<server venv>/"),
     (re.compile(r"/[^\s'\"]*?/site-packages/"), "<site-packages>/"),
+    (re.compile(re.escape(str(REPO)) + r"/?"), ""),  # the repository's files: relative paths
     (re.compile(r"/tmp/tmp\w+/"), "<workdir>/"),
+    (re.compile(r"(?<![\w.-])(?:/root|/home/[^/\s'\"]+)/"), "~/"),
+    (re.compile(r"/(?:tmp|work)/"), "<path>/"),
     (re.compile(r"127\.0\.0\.1:\d+"), "127.0.0.1:<port>"),
 )
 
@@ -477,6 +480,19 @@ def _tidy(reason: str) -> str:
     for pattern, replacement in _MACHINE_PATHS:
         reason = pattern.sub(replacement, reason)
     return reason
+
+
+def _cell(text: str) -> str:
+    """``text`` as one markdown table cell: one line, ``|`` escaped, and ``<``/``>`` as
+    entities outside code spans, so ``<port>`` is shown, not taken for an HTML tag."""
+    text = text.replace("|", "\\|").replace("\n", " ")
+    parts = text.split("`")
+    if len(parts) % 2 == 0:  # an unbalanced backtick: no code spans
+        parts = [text]
+    return "`".join(
+        part.replace("<", "&lt;").replace(">", "&gt;") if index % 2 == 0 else part
+        for index, part in enumerate(parts)
+    )
 
 
 def write_docs(path: Path, markdown: str) -> None:

@@ -54,12 +54,14 @@ with (
     sync.initialize(model)  # version 0 (= the base model) before the first rollout
     rows = load_rows(stack.train_paths["target_chars"], seed=0)
     for step in range(args.steps):
+        # --8<-- [start:step]  (docs/training.md shows one step)
         picked = [rows[(4 * step + i) % len(rows)] for i in range(4)]  # 4 groups of 8
         rollouts = client.run_sync(picked, eos_token_id=tokenizer.eos_token_id, num_generations=8)
         batch = collate(rollouts, pad_token_id=tokenizer.pad_token_id)
         advantages = compute_advantages(batch)  # per group of a row; failures get 0
         learner = train_step(model, optimizer, batch, advantages, loss=loss, sampling=sampling)
         version = sync.sync(model).version  # the next rollouts sample the new adapter
+        # --8<-- [end:step]
         line = {"step": step, **RolloutStats.of(batch, advantages).as_metrics()}
         line |= {**learner.as_dict(), "adapter_version": version}
         line["served_version"] = sync.served_version()  # read back from /v1/models

@@ -69,6 +69,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--train-file", type=Path, help="NeMo Gym JSONL (default: the env's)")
     parser.add_argument("--adapter-name", default="policy")
     parser.add_argument("--out", type=Path, default=Path("runs/trl_grpo"))
+    parser.add_argument(
+        "--report-to",
+        default="none",
+        help="TRL's report_to (comma-separated, e.g. tensorboard,wandb): the nemo_gym/* "
+        "rollout metrics go there with TRL's own",
+    )
     return parser.parse_args(argv)
 
 
@@ -119,7 +125,7 @@ def build_trainer(
         beta=0.0,
         logging_steps=1,
         save_strategy="no",
-        report_to="none",
+        report_to=args.report_to.split(","),
         use_cpu=True,
         seed=args.seed,
         dataloader_num_workers=0,

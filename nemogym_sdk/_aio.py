@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import email.utils
 import enum
@@ -55,15 +56,33 @@ class BackgroundLoop:
         if threading.current_thread() is self._thread:
             coroutine.close()
             raise RuntimeError("a synchronous client method was called from its own loop thread")
-        return self.submit(coroutine).result()
+        future = self.submit(coroutine)
+        try:
+            return future.result()
+        except BaseException:  # KeyboardInterrupt, a stop signal: the work is abandoned
+            future.cancel()
+            raise
 
     def close(self) -> None:
-        """Stop the loop and join its thread (idempotent)."""
+        """Cancel what still runs on the loop (and let it unwind), stop the loop and join
+        its thread (idempotent)."""
         if self._loop.is_closed():
             return
+        if self._thread.is_alive():
+            with contextlib.suppress(TimeoutError, RuntimeError):
+                self.submit(_cancel_all()).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         self._loop.close()
+
+
+async def _cancel_all() -> None:
+    """Cancel every other task on the running loop and wait until each has unwound (so none
+    is destroyed while pending when the loop closes)."""
+    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 _NO_COOKIES: Mapping[str, str] = types.MappingProxyType({})

@@ -26,6 +26,7 @@ that defines each class outside this one (a test checks that this drawing lists 
     │   └── NotReadyError                      servers did not become ready in time
     │       └── ServerNotReadyError            gym.errors: one local server, with its log
     ├── EngineClosedError(RuntimeError)        rollout_groups: a step asked of a closed engine
+    ├── RunStoppedError(RuntimeError)          train_faults: nemogym-train stopped the run
     ├── ServerStartError(RuntimeError)         gym.errors: a local server exited at start-up
     │   └── RequirementsInstallError           gym.errors: its requirements failed to install
     ├── ServeError                             serve.errors: answered as an OpenAI error body
@@ -45,6 +46,10 @@ Foreign exceptions (aiohttp, requests) are translated at one edge each, with
 ``nemogym_sdk._http.send`` for requests. Exceptions keep their context in plain
 attributes that survive pickling, because rollouts and their errors cross process
 boundaries.
+
+Every error carries a note, printed under its message in a traceback, naming its entry in
+the documentation's troubleshooting page (what it means, how to fix it):
+``NemoGymError.troubleshooting_url()``. ``str(error)`` stays the message alone.
 """
 
 from __future__ import annotations
@@ -65,8 +70,27 @@ __all__ = [
 ]
 
 
+DOCS_URL = "https://nemogym-sdk.github.io/nemogym_sdk/"
+"""The documentation site (``site_url`` in ``mkdocs.yml``)."""
+
+
 class NemoGymError(Exception):
-    """Root of every error raised by nemogym_sdk."""
+    """Root of every error raised by nemogym_sdk.
+
+    Each instance gets a note (``__notes__``, shown under the message in a traceback):
+    ``See <its troubleshooting entry>``.
+    """
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        self.add_note(f"See {self.troubleshooting_url()}")
+
+    @classmethod
+    def troubleshooting_url(cls) -> str:
+        """This error's entry in the troubleshooting page (a private class: its nearest
+        public ancestor's)."""
+        public = next(c for c in cls.__mro__ if not c.__name__.startswith("_"))
+        return f"{DOCS_URL}troubleshooting/#{public.__name__.lower()}"
 
 
 class ConfigError(NemoGymError, ValueError):

@@ -26,7 +26,7 @@ import numpy as np
 from nemogym_sdk.grpo import Advantages, compute_advantages
 from nemogym_sdk.records import Batch, RolloutStatus
 
-__all__ = ["RolloutStats"]
+__all__ = ["RolloutStats", "scalars"]
 
 
 def _counts(value: Mapping[str, int]) -> dict[str, int]:
@@ -189,3 +189,20 @@ class RolloutStats:
             "staleness_max": max(behind, default=0),
             "unversioned_tokens": self.unversioned_tokens,
         }
+
+
+def scalars(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+    """The numbers of a step's metrics, flat, as a tracker logs them: a dict's items under
+    ``name/key`` (``failures`` -> ``failures/TIMEOUT``, ``staleness`` -> ``staleness/1``),
+    every name after ``prefix``; strings and None are left out, NaN is kept.
+
+    >>> scalars({"reward_mean": 0.5, "failures": {"TIMEOUT": 2}, "device": "cpu"}, "g/")
+    {'g/reward_mean': 0.5, 'g/failures/TIMEOUT': 2.0}
+    """
+    flat: dict[str, float] = {}
+    for name, value in metrics.items():
+        if isinstance(value, Mapping):
+            flat.update(scalars(value, f"{prefix}{name}/"))
+        elif isinstance(value, int | float):  # bool too (0 or 1)
+            flat[f"{prefix}{name}"] = float(value)
+    return flat

@@ -25,8 +25,12 @@ Top to bottom:
     6. loop          rollouts -> collate -> advantages -> train_step -> LoRA sync; the
                      rollouts come synchronously or from the RolloutEngine
                      (nemogym_sdk.train_play)
-    7. outputs       metrics.jsonl, checkpoints (and --resume), summary.json, reward_curve.png
-                     (nemogym_sdk.train_outputs)
+    7. outputs       metrics.jsonl and the trackers of --report-to, summary.json,
+                     reward_curve.png (nemogym_sdk.train_outputs, train_trackers); atomic
+                     checkpoints and --resume (nemogym_sdk.train_checkpoints)
+    8. faults        SIGINT/SIGTERM, a lost sampler, failures past max_failure_rate, a
+                     failed write: stop at a step boundary with a checkpoint, every server
+                     stopped (nemogym_sdk.train_faults; docs/faults.md)
 
 Everything lands in ``out``: ``metrics.jsonl`` (a line per step: the SDK's step metrics,
 ``nemogym_sdk.metrics.RolloutStats`` and ``adapters.torch.StepMetrics``, over every rank,
@@ -37,13 +41,18 @@ plus seconds per phase), ``checkpoints/step_NNNNNN/``, ``summary.json``,
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.util
 import logging
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+import attrs
 
 from nemogym_sdk import (
     AgentClient,
@@ -58,9 +67,26 @@ from nemogym_sdk import (
     ranks,
 )
 from nemogym_sdk.errors import ConfigError, LoraSyncError, NemoGymError
+from nemogym_sdk.hosts import openai_url
 from nemogym_sdk.lora import LoraSync
 from nemogym_sdk.metrics import RolloutStats
+from nemogym_sdk.train_checkpoints import (
+    latest,
+    load_adapter_checkpoint,
+    load_state,
+    resume_point,
+    save_checkpoint,
+)
 from nemogym_sdk.train_config import TrainConfig, parse_config, resolve_device
+from nemogym_sdk.train_faults import (
+    Interrupted,
+    RunStoppedError,
+    SamplerWatch,
+    StopSignals,
+    check_out,
+    check_rollouts,
+    writing,
+)
 from nemogym_sdk.train_learner import (
     Setup,
     adapter_state,
@@ -68,13 +94,7 @@ from nemogym_sdk.train_learner import (
     prepare,
     setup_processes,
 )
-from nemogym_sdk.train_outputs import (
-    finish,
-    load_adapter_checkpoint,
-    load_state,
-    outputs,
-    save_checkpoint,
-)
+from nemogym_sdk.train_outputs import finish, outputs
 from nemogym_sdk.train_play import play
 from nemogym_sdk.train_sampler import sampler
 from nemogym_sdk.wire import RESPONSES_CREATE_PARAMS, input_messages
@@ -110,10 +130,11 @@ def environments(
     from nemogym_sdk.gym import GymLauncher, GymStack, PolicyModel
 
     policy = PolicyModel(base_url=base_url, model=config.adapter_name)  # requests the adapter
+    env_path = config.env_path or None  # None: $NEMOGYM_ENV_PATH
     started: GymStack | GymLauncher = (
-        GymLauncher(config.environments, policy, workdir=out / "gym")
+        GymLauncher(config.environments, policy, env_path=env_path, workdir=out / "gym")
         if config.launcher == "gym"
-        else GymStack(config.environments, policy, workdir=out / "gym")
+        else GymStack(config.environments, policy, env_path=env_path, workdir=out / "gym")
     )
     with started:
         check_served_name(started.directory, config.adapter_name, backend_url=base_url)
@@ -124,10 +145,12 @@ def environments(
 
 @contextlib.contextmanager
 def servers(
-    config: TrainConfig, out: Path, device: str, model: Any
+    config: TrainConfig, out: Path, device: str, model: Any, first_version: int = 0
 ) -> Iterator[tuple[list[ServerDirectory], str, LoraSync | None]]:
-    """Rank 0 starts the sampler and the environments and publishes adapter version 0; every
-    rank gets the deployments and the training file (the ``LoraSync`` only rank 0)."""
+    """Rank 0 starts the sampler and the environments and publishes the first adapter
+    version (``first_version``: the steps a resumed run's checkpoint holds, so the versions
+    go on where they were); every rank gets the deployments and the training file (the
+    ``LoraSync`` only rank 0)."""
     with contextlib.ExitStack() as started:
         syncs: list[LoraSync] = []
 
@@ -142,7 +165,8 @@ def servers(
                     keep=max(2, config.adapter_versions),  # a kept version's files stay too
                 )
             )
-            sync.initialize(model, require_zero=not config.resume)  # before the first rollout
+            # before the first rollout; a resumed run's adapter is the checkpoint's
+            sync.initialize(model, require_zero=not config.resume, version=first_version)
             check_versions_kept(sync, config)
             syncs.append(sync)
             return found
@@ -236,8 +260,81 @@ def publish(sync: LoraSync | None, model: Any, state: Any, retries: int) -> int 
     raise AssertionError("unreachable")
 
 
-def run(config: TrainConfig) -> dict[str, Any]:
-    """Train; returns the summary (also written to ``out/summary.json``)."""
+@attrs.define
+class Done:
+    """How far a run got: steps finished (logged), and the step of the newest checkpoint."""
+
+    out: Path
+    steps: int
+    saved: int
+    clean: bool = True
+    """Whether the learner's weights are those of ``steps`` finished steps (False between
+    the optimizer's update and the step's metrics line, or after a failed write)."""
+
+
+def train_steps(
+    source: Any,
+    model: Any,
+    optimizer: Any,
+    sync: LoraSync | None,
+    setup: Setup,
+    log: Any,
+    curve: list[float],
+    done: Done,
+    signals: StopSignals,
+) -> None:
+    """The loop: each step's rollouts checked, learned from, logged and checkpointed. A stop
+    signal during the rollouts abandons the step; while it learns, the step finishes first."""
+    config, rank = setup.config, ranks.rank()
+    sampler = None if sync is None else openai_url(sync.base_url)
+    for step, played in enumerate(source.steps(), start=done.steps):
+        counted = ranks.gather((failed_rollouts(played), len(played.rollouts)))
+        failures, rollouts = sum((c for c, _ in counted), Counter()), sum(n for _, n in counted)
+        limit = config.max_failure_rate
+        # stopped here, the weights are those of the finished steps (a checkpoint keeps them)
+        ranks.on_main(functools.partial(check_rollouts, step, failures, rollouts, limit, sampler))
+        with signals.deferred():
+            done.clean = False
+            line: dict[str, Any] = {"step": step, "device": setup.device}
+            line |= {"rollout_s": played.waited_s, **played.metrics}
+            line |= learn(played.rollouts, model, optimizer, sync, setup)
+            source.published(line["adapter_version"])  # async: more groups may start
+            line["step_s"] = (
+                played.waited_s + line["collate_s"] + line["learner_s"] + line["sync_s"]
+            )
+            curve.append(line["reward_mean"])
+            with writing(f"{done.out / 'metrics.jsonl'}", latest(done.out)):
+                log(line)
+            done.steps, done.clean = step + 1, True
+            if done.steps % config.checkpoint_every == 0 or done.steps == config.steps:
+                checkpoint(model, optimizer, source, curve, done, write=rank == 0)
+
+
+def checkpoint(
+    model: Any, optimizer: Any, source: Any, curve: list[float], done: Done, *, write: bool
+) -> None:
+    """A checkpoint of the ``done.steps`` finished steps (every rank: a sharded policy is
+    gathered; ``write`` on the one that writes)."""
+    done.clean = False  # a failed write is not tried again
+    state = {"engine": source.state()}
+    save_checkpoint(model, optimizer, done.out, done.steps, curve, state, write=write)
+    done.saved, done.clean = done.steps, True
+
+
+def failed_rollouts(played: Any) -> Counter[str]:
+    """This rank's failed rollouts of a step, by status (episodes ``cut_stragglers`` ended
+    are not failures of the environment)."""
+    counts = Counter(r.status.value for r in played.rollouts if not r.ok)
+    cut = int(played.metrics.get("engine_cut_episodes", 0))
+    if cut:
+        counts["timeout"] = max(0, counts["timeout"] - cut)
+    return +counts
+
+
+def run(config: TrainConfig, *, signals: StopSignals | None = None) -> dict[str, Any]:
+    """Train; returns the summary (also written to ``out/summary.json``). With ``signals``
+    (entered: ``main`` does), SIGINT and SIGTERM stop the run at a step boundary."""
+    signals = signals or StopSignals()  # not entered: installs no handler
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if config.mode == "async" and world > 1:
         raise ConfigError(
@@ -246,17 +343,19 @@ def run(config: TrainConfig) -> dict[str, Any]:
         )
     if config.rows_per_step % world:
         raise ConfigError(f"rows_per_step={config.rows_per_step} must divide among {world} ranks")
+    out = Path(config.out)
+    check_out(out)  # before anything starts
     device = resolve_device(config, int(os.environ.get("LOCAL_RANK", "0")), world)
     rank, world = setup_processes(device)
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
     model, tokenizer = build_policy(config, device)
     setup = Setup.of(config, device, tokenizer)
-    start, curve = load_adapter_checkpoint(model, out) if config.resume else (0, [])
-    resumed = load_state(out).get("engine", {}) if config.resume else {}
+    resumed_from = resume_point(out) if config.resume else None
+    start, curve = load_adapter_checkpoint(model, resumed_from) if resumed_from else (0, [])
+    resumed = load_state(resumed_from).get("engine", {}) if resumed_from else {}
+    done = Done(out=out, steps=start, saved=start)
     leftover: dict[str, Any] = {}
     with (
-        servers(config, out, setup.device, model) as (deployments, train_file, sync),
+        servers(config, out, setup.device, model, start) as (deployments, train_file, sync),
         AgentClient(
             deployments,
             sampling=setup.sampling,
@@ -266,24 +365,18 @@ def run(config: TrainConfig) -> dict[str, Any]:
         outputs(config, out, start, rank) as log,
         contextlib.ExitStack() as closing,
     ):
-        optimizer = prepare(model, config, out, world)  # sharded after version 0 is out
+        if sync is not None:  # a sampler that stops answering stops the run
+            closing.enter_context(SamplerWatch(openai_url(sync.base_url), signals))
+        optimizer = prepare(model, config, resumed_from, world)  # sharded after version 0
         rows = load_rows(train_file, seed=config.seed)
         check_lengths(rows, tokenizer, config)
         eos = int(tokenizer.eos_token_id)
         source = closing.enter_context(play(config, client, rows, start, eos, resumed, leftover))
-        for step, played in enumerate(source.steps(), start=start):
-            line: dict[str, Any] = {"step": step, "device": setup.device}
-            line |= {"rollout_s": played.waited_s, **played.metrics}
-            line |= learn(played.rollouts, model, optimizer, sync, setup)
-            source.published(line["adapter_version"])  # async: more groups may start
-            line["step_s"] = (
-                played.waited_s + line["collate_s"] + line["learner_s"] + line["sync_s"]
-            )
-            curve.append(line["reward_mean"])
-            log(line)
-            if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
-                state = {"engine": source.state()}  # every rank: a sharded policy is gathered
-                save_checkpoint(model, optimizer, out, step + 1, curve, state, write=rank == 0)
+        try:
+            train_steps(source, model, optimizer, sync, setup, log, curve, done, signals)
+        except (Interrupted, RunStoppedError) as stopped:
+            stop_checkpoint(stopped, model, optimizer, source, curve, done, world)
+            raise
     if world > 1:
         import torch.distributed as dist
 
@@ -291,14 +384,61 @@ def run(config: TrainConfig) -> dict[str, Any]:
     return finish(config, out, curve, rank, leftover)
 
 
+def stop_checkpoint(
+    stopped: BaseException,
+    model: Any,
+    optimizer: Any,
+    source: Any,
+    curve: list[float],
+    done: Done,
+    world: int,
+) -> None:
+    """A run stopping mid-way keeps the steps it finished: a checkpoint at the last step
+    boundary, unless the newest one is it, the weights are between steps, or (several
+    processes, a stop signal) the ranks may be at different points of the step."""
+    racing = world > 1 and isinstance(stopped, Interrupted)
+    if done.clean and done.steps > done.saved and not racing:
+        checkpoint(model, optimizer, source, curve, done, write=ranks.rank() == 0)
+
+
+# What nemogym-train imports from its extra ([project.optional-dependencies] train).
+_TRAIN_EXTRA = ("torch", "transformers", "tokenizers", "peft", "jinja2", "tqdm", "matplotlib")
+
+
+def _require_train_extra() -> None:
+    """Raise ``ConfigError`` naming the ``train`` extra when a module it installs is missing."""
+    missing = [name for name in _TRAIN_EXTRA if importlib.util.find_spec(name) is None]
+    if missing:
+        cpu = " (CPU-only machine: pip install torch==2.13.0 first)" if "torch" in missing else ""
+        raise ConfigError(
+            f"{', '.join(missing)} not installed: pip install 'nemogym-sdk[train]'{cpu}"
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    config: TrainConfig | None = None
     try:
-        run(parse_config(argv))
+        with StopSignals() as signals:
+            config = parse_config(argv)
+            _require_train_extra()  # after parsing: --help works without the extra
+            run(config, signals=signals)
     except ConfigError as exc:  # what is wrong and how to fix it; no traceback needed
-        print(f"nemogym-train: {exc}", file=sys.stderr)
+        print(f"nemogym-train: {exc} (see {exc.troubleshooting_url()})", file=sys.stderr)
         return 2
+    except Interrupted as stop:  # SIGINT, SIGTERM: stopped cleanly, servers stopped
+        kept = latest(Path(config.out)) if config is not None else None
+        print(
+            f"nemogym-train: stopped by {stop}; "
+            + (f"checkpoint {kept}: continue with --resume" if kept else "no checkpoint yet"),
+            file=sys.stderr,
+        )
+        return stop.exit_status
     except NemoGymError as exc:  # a server refused (an adapter, say): say which, in a line
-        print(f"nemogym-train: {type(exc).__name__}: {exc}", file=sys.stderr)
+        kept = latest(Path(config.out)) if config is not None else None
+        stopped = isinstance(exc, RunStoppedError) and "checkpoint" not in str(exc)
+        where = f" (checkpoint {kept}: continue with --resume)" if kept and stopped else ""
+        see = f" (see {exc.troubleshooting_url()})"
+        print(f"nemogym-train: {type(exc).__name__}: {exc}{where}{see}", file=sys.stderr)
         return 1
     return 0
 

@@ -9,6 +9,7 @@ fix it.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -29,6 +30,7 @@ __all__ = [
     "LAUNCHERS",
     "LOSSES",
     "MODES",
+    "TRACKERS",
     "TrainConfig",
     "parse_config",
     "resolve_device",
@@ -41,6 +43,8 @@ MODES = ("sync", "async")
 IMPORTANCE_SAMPLING = tuple(str(mode) for mode in ImportanceSampling)
 LOSSES = tuple(str(loss) for loss in LossType)
 """The policy losses (``nemogym_sdk.grpo.LossType``)."""
+TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")
+"""The experiment trackers ``report_to`` may name (``nemogym_sdk.train_trackers``)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -84,7 +88,12 @@ class TrainConfig:
     adapter_name: str = "policy"
     """The name the LoRA adapter is served under; NeMo Gym's model server must request it."""
     environments: tuple[str, ...] = ("target_chars",)
-    """Environments to start by name (the SDK's toy ``target_chars`` or NeMo Gym's)."""
+    """Environments to start by name (the SDK's toy ``target_chars``, NeMo Gym's, or your own
+    on ``env_path``)."""
+    env_path: tuple[str, ...] = ()
+    """Directories holding environments of your own (``<dir>/<name>/configs/<name>.yaml``),
+    searched before the SDK's and NeMo Gym's (comma-separated); default
+    ``$NEMOGYM_ENV_PATH``."""
     launcher: str = "stack"
     """Who starts ``environments``: ``stack`` (``GymStack``: the SDK starts each server, no
     Ray; fast on one machine) or ``gym`` (NeMo Gym's own launcher, ``gym env start``, with
@@ -96,15 +105,23 @@ class TrainConfig:
     train_file: str | None = None
     """NeMo Gym JSONL rows; default: the first environment's training data."""
     steps: int = 20
+    """Training steps (each: play, learn, publish the adapter)."""
     rows_per_step: int = 4
     """Groups per step (across all processes)."""
     num_generations: int = 8
     """Rollouts per group."""
     lr: float = 2e-2
+    """Adam's learning rate for the LoRA weights."""
     lora_rank: int = 8
+    """The LoRA adapter's rank (``lora_alpha`` is twice it); at most 512, vLLM's largest."""
     temperature: float = 1.0
+    """Sampling temperature of the rollouts; the learner's logprobs use the same."""
     loss: str = "dapo"
+    """The policy loss: ``grpo``, ``dapo``, ``dr_grpo`` or ``gspo``
+    (``nemogym_sdk.grpo.LossType``)."""
     micro_batch_size: int = 16
+    """Rows per forward and backward pass of the learner (gradients accumulate over a
+    step's micro-batches)."""
     max_model_len: int = 2048
     """The sampler's context window; a prompt plus its completion must fit."""
     max_completion_length: int | None = None
@@ -144,13 +161,23 @@ class TrainConfig:
     sync_retries: int = 0
     """How many times a refused adapter publish is tried again (every replica stays on the
     last version in between) before the run stops with the error."""
+    max_failure_rate: float = 0.5
+    """Stop the run (with a checkpoint at the last finished step) when more than this
+    fraction of a step's rollouts failed: a NeMo Gym server that died, say. Failures below
+    it are counted in the metrics and the run goes on; ``1`` never stops (episodes cut by
+    ``cut_stragglers`` do not count)."""
     checkpoint_every: int = 10
     """Save the adapter and optimizer every this many steps (and at the end)."""
     resume: bool = False
     """Continue from the newest checkpoint in ``out``."""
     seed: int = 0
+    """Seeds the tiny model, the LoRA initialisation, the row order and the sampler."""
     out: str = "runs/nemogym-train"
     """Where metrics, checkpoints, the reward curve and the server logs go."""
+    report_to: tuple[str, ...] = ()
+    """Experiment trackers that get every number of ``metrics.jsonl`` and the reward curve
+    (comma-separated): ``tensorboard``, ``wandb``, ``mlflow``, ``trackio``; offline by
+    default (``nemogym_sdk.train_trackers``; ``pip install 'nemogym-sdk[trackers]'``)."""
 
     def __attrs_post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -160,6 +187,7 @@ class TrainConfig:
             raise ConfigError(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
         self._check_async()
         self._check_replicas()
+        self._check_trackers()
         positive = ("steps", "rows_per_step", "num_generations", "lora_rank", "micro_batch_size")
         for name in (*positive, "max_model_len", "checkpoint_every"):
             if getattr(self, name) < 1:
@@ -178,13 +206,38 @@ class TrainConfig:
             raise ConfigError(
                 f"launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}"
             )
+        for entry in self.env_path:  # checked before the sampler starts, not after
+            if not Path(entry).expanduser().is_dir():
+                raise ConfigError(
+                    f"env_path: {entry} is not a directory; it should hold environment "
+                    "directories (<dir>/<name>/configs/<name>.yaml)"
+                )
         if self.model != "tiny" and not (Path(self.model) / "config.json").is_file():
             raise ConfigError(
                 f"model {self.model!r} is neither 'tiny' nor a local Hugging Face model "
                 "directory (no config.json there); models are not downloaded"
             )
 
+    def _check_trackers(self) -> None:
+        unknown = [name for name in self.report_to if name not in TRACKERS]
+        if unknown:
+            raise ConfigError(
+                f"report_to: unknown tracker(s) {', '.join(map(repr, unknown))}; choose from "
+                f"{', '.join(TRACKERS)} (comma-separated)"
+            )
+        missing = [name for name in self.report_to if importlib.util.find_spec(name) is None]
+        if missing:
+            raise ConfigError(
+                f"report_to: {', '.join(missing)} not installed here; install the trackers "
+                f"extra (pip install 'nemogym-sdk[trackers]') or {' and '.join(missing)} alone"
+            )
+
     def _check_replicas(self) -> None:
+        if not 0 <= self.max_failure_rate <= 1:
+            raise ConfigError(
+                f"max_failure_rate is a fraction of a step's rollouts, in [0, 1]; got "
+                f"{self.max_failure_rate}"
+            )
         if self.sync_retries < 0:
             raise ConfigError(f"sync_retries must be >= 0, got {self.sync_retries}")
         if self.replicas < 1:

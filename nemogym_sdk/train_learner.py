@@ -116,9 +116,9 @@ def adam(model: Any, config: TrainConfig) -> Any:
     return torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=config.lr)
 
 
-def prepare(model: Any, config: TrainConfig, out: Path, world: int) -> Any:
-    """The optimizer, once version 0 is published: the policy sharded first (``fsdp``), the
-    checkpoint's optimizer state loaded on ``--resume``."""
+def prepare(model: Any, config: TrainConfig, checkpoint: Path | None, world: int) -> Any:
+    """The optimizer, once the first version is published: the policy sharded first
+    (``fsdp``), the optimizer state of ``checkpoint`` (``--resume``) loaded."""
     if config.fsdp:
         from nemogym_sdk.adapters.torch.sharding import shard
 
@@ -128,10 +128,10 @@ def prepare(model: Any, config: TrainConfig, out: Path, world: int) -> Any:
             )
         shard(model)
     optimizer = adam(model, config)
-    if config.resume:
-        from nemogym_sdk.train_outputs import load_optimizer_checkpoint
+    if checkpoint is not None:
+        from nemogym_sdk.train_checkpoints import load_optimizer_checkpoint
 
-        load_optimizer_checkpoint(model, optimizer, out)
+        load_optimizer_checkpoint(model, optimizer, checkpoint)
     return optimizer
 
 

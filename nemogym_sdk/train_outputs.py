@@ -1,11 +1,11 @@
-"""The reference trainer's outputs: ``metrics.jsonl``, checkpoints, the summary and the curve.
+"""The reference trainer's outputs: ``metrics.jsonl``, the summary and the reward curve
+(checkpoints: ``nemogym_sdk.train_checkpoints``).
 
-- ``outputs``: per step, a line of ``metrics.jsonl`` (rank 0) and the progress bar;
-- ``save_checkpoint`` / ``load_checkpoint``: ``checkpoints/step_NNNNNN`` (the adapter, the
-  optimizer state, the curve so far) and ``--resume``;
+- ``outputs``: per step, a line of ``metrics.jsonl`` (rank 0), the trackers of
+  ``--report-to`` (``nemogym_sdk.train_trackers``) and the progress bar;
 - ``finish``: ``summary.json`` and ``reward_curve.png``, and where everything is.
 
-Imports torch, peft, tqdm and matplotlib inside the functions that need them.
+Imports tqdm and matplotlib inside the functions that need them.
 """
 
 from __future__ import annotations
@@ -16,25 +16,30 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from nemogym_sdk.errors import ConfigError
+from nemogym_sdk.train_checkpoints import latest
 from nemogym_sdk.train_config import TrainConfig
+from nemogym_sdk.train_trackers import Trackers
 
 __all__ = [
     "finish",
-    "load_adapter_checkpoint",
-    "load_checkpoint",
-    "load_optimizer_checkpoint",
     "open_metrics",
     "outputs",
     "plot_curve",
+    "postfix",
     "progress",
-    "save_checkpoint",
 ]
 
 
 @contextlib.contextmanager
 def outputs(config: TrainConfig, out: Path, start: int, rank: int) -> Iterator[Any]:
-    """``log(step, line)``: a line of ``metrics.jsonl`` (rank 0) and the progress bar."""
+    """``log(line)``: a line of ``metrics.jsonl`` (rank 0), the same numbers to the trackers
+    of ``report_to`` (rank 0; ``nemogym_sdk.train_trackers``) and the progress bar. After
+    the last step the trackers get the reward curve too.
+
+    Raises:
+        ConfigError: a tracker could not start (before any step).
+    """
+    trackers = Trackers.start(config.report_to, config, out) if rank == 0 else None
     bar = progress(config, start, rank)
     metrics_file = open_metrics(out / "metrics.jsonl", start) if rank == 0 else None
 
@@ -42,18 +47,40 @@ def outputs(config: TrainConfig, out: Path, start: int, rank: int) -> Iterator[A
         if metrics_file is not None:
             metrics_file.write(json.dumps(line) + "\n")
             metrics_file.flush()
+        if trackers is not None:
+            trackers.log(line)  # after metrics.jsonl: a failing tracker loses nothing there
         bar.update(1)
-        bar.set_postfix(reward=f"{line['reward_mean']:.3f}", fail=sum(line["failures"].values()))
+        bar.set_postfix(postfix(line))
 
+    failed = True
     try:
         yield log
+        failed = False
     finally:
         bar.close()
         if metrics_file is not None:
             metrics_file.close()
+        if trackers is not None:
+            try:
+                if not failed and trackers.started:
+                    _curve_to_trackers(trackers, config, out)
+            finally:
+                trackers.close(failed)
+
+
+def _curve_to_trackers(trackers: Trackers, config: TrainConfig, out: Path) -> None:
+    """The whole run's reward curve (``metrics.jsonl``, resumed steps included) as
+    ``reward_curve.png``, at the last step, to every tracker."""
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    if lines:
+        path = out / "reward_curve.png"
+        plot_curve([line["reward_mean"] for line in lines], path, title=_title(config))
+        trackers.log_image(int(lines[-1]["step"]), "reward_curve", path)
 
 
 def progress(config: TrainConfig, start: int, rank: int) -> Any:
+    """The progress bar (rank 0): steps done and tqdm's ETA; ``postfix`` adds each step's
+    numbers."""
     from tqdm import tqdm  # type: ignore[import-untyped]
 
     return tqdm(
@@ -61,98 +88,37 @@ def progress(config: TrainConfig, start: int, rank: int) -> Any:
     )
 
 
+def postfix(line: Mapping[str, Any]) -> dict[str, str]:
+    """A step's numbers on the progress bar: ``reward`` (mean of the ``OK`` rollouts),
+    ``fail`` (failed episodes), ``stale`` (adapter versions the trained tokens were behind
+    the learner: mean/max)."""
+    return {
+        "reward": f"{line['reward_mean']:.3f}",
+        "fail": str(sum(line["failures"].values())),
+        "stale": f"{line.get('staleness_mean', 0.0):.2f}/{line.get('staleness_max', 0)}",
+    }
+
+
 def open_metrics(path: Path, start: int) -> Any:
     """``metrics.jsonl`` for appending, without lines of steps from ``start`` on (a resumed
-    run repeats the steps after its checkpoint)."""
+    run repeats the steps after its checkpoint) and without a line cut short by a kill;
+    rewritten aside, then renamed."""
     if start and path.exists():
-        kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] < start]
-        path.write_text("".join(line + "\n" for line in kept))
+        kept = [line for line in path.read_text().splitlines() if _step_of(line) < start]
+        aside = path.with_name(f".{path.name}.tmp")
+        aside.write_text("".join(line + "\n" for line in kept))
+        aside.replace(path)
     return path.open("a")
 
 
-def save_checkpoint(
-    model: Any,
-    optimizer: Any,
-    out: Path,
-    step: int,
-    curve: list[float],
-    extra: Mapping[str, Any] | None = None,
-    *,
-    write: bool = True,
-) -> Path:
-    """``out/checkpoints/step_NNNNNN``: the adapter, the optimizer state, the curve so far,
-    and ``extra`` in ``state.json`` (the async engine's untrained groups).
-
-    The adapter and the optimizer state are gathered in full (a collective for a model
-    sharded with FSDP2: every rank calls this, the one with ``write`` writes), so a
-    checkpoint resumes on any number of ranks, sharded or not."""
-    import torch
-
-    model_state, optimizer_state = _full_learner_state(model, optimizer)
-    path = out / "checkpoints" / f"step_{step:06d}"
-    if write:
-        from nemogym_sdk.lora._adapter import save_adapter
-
-        path.mkdir(parents=True, exist_ok=True)
-        save_adapter(model, path, state_dict=model_state)
-        torch.save(optimizer_state, path / "optimizer.pt")
-        state = {**(extra or {}), "step": step, "curve": curve}
-        (path / "state.json").write_text(json.dumps(state))
-    return path
-
-
-def _full_learner_state(model: Any, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
-    return get_state_dict(model, optimizer, options=options)
-
-
-def load_state(out: Path) -> dict[str, Any]:
-    """The newest checkpoint's ``state.json`` (``{}`` when there is none)."""
-    found = sorted((out / "checkpoints").glob("step_*"))
-    if not found or not (found[-1] / "state.json").is_file():
-        return {}
-    state = json.loads((found[-1] / "state.json").read_text())
-    return state if isinstance(state, dict) else {}
-
-
-def _newest(out: Path) -> Path:
-    found = sorted((out / "checkpoints").glob("step_*"))
-    if not found:
-        raise ConfigError(f"resume: no checkpoint in {out / 'checkpoints'}; run without --resume")
-    return found[-1]
-
-
-def load_adapter_checkpoint(model: Any, out: Path) -> tuple[int, list[float]]:
-    """Load the newest checkpoint's adapter into ``model`` (not sharded yet); (the step to
-    continue from, the curve so far)."""
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
-
-    path = _newest(out)
-    set_peft_model_state_dict(model, load_file(str(path / "adapter_model.safetensors")))
-    state = json.loads((path / "state.json").read_text())
-    return int(state["step"]), [float(v) for v in state["curve"]]
-
-
-def load_optimizer_checkpoint(model: Any, optimizer: Any, out: Path) -> None:
-    """Load the newest checkpoint's optimizer state (sharded like ``model``, if it is)."""
-    import torch
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-    # map_location: a checkpoint written on a GPU resumes on a CPU too
-    saved = torch.load(_newest(out) / "optimizer.pt", map_location="cpu", weights_only=True)
-    options = StateDictOptions(full_state_dict=True, ignore_frozen_params=True)
-    set_optimizer_state_dict(model, optimizer, optim_state_dict=saved, options=options)
-
-
-def load_checkpoint(model: Any, optimizer: Any, out: Path) -> tuple[int, list[float]]:
-    """Load the newest checkpoint in ``out`` into an unsharded learner; (the step to continue
-    from, the curve so far)."""
-    step_curve = load_adapter_checkpoint(model, out)
-    load_optimizer_checkpoint(model, optimizer, out)
-    return step_curve
+def _step_of(line: str) -> float:
+    """The step of a ``metrics.jsonl`` line; infinity for a line that does not parse (cut
+    short when the run was killed mid-write), so it is dropped."""
+    try:
+        step = json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return float("inf")
+    return float(step)
 
 
 def finish(
@@ -176,11 +142,11 @@ def finish(
     if leftover:
         summary["leftover"] = dict(leftover)
     if rank == 0:  # rank 0 wrote the checkpoints; the other ranks may be ahead of it here
-        checkpoints = sorted((out / "checkpoints").glob("step_*"))
         summary["metrics"] = str(out / "metrics.jsonl")
-        summary["checkpoint"] = str(checkpoints[-1]) if checkpoints else None
+        newest = latest(out)
+        summary["checkpoint"] = str(newest) if newest is not None else None
         summary["reward_curve"] = str(out / "reward_curve.png")
-        plot_curve(curve, out / "reward_curve.png", title=", ".join(config.environments))
+        plot_curve(curve, out / "reward_curve.png", title=_title(config))
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
         print(
             f"\nreward {summary['first5']:.3f} (first 5 steps) -> {summary['last5']:.3f} "
@@ -189,6 +155,10 @@ def finish(
             flush=True,
         )
     return summary
+
+
+def _title(config: TrainConfig) -> str:
+    return ", ".join(config.environments)
 
 
 def plot_curve(curve: Sequence[float], path: Path, *, title: str) -> None:

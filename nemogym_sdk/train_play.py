@@ -86,7 +86,8 @@ def _sync_steps(
             mine, eos_token_id=eos, num_generations=config.num_generations, parse=parse
         )
 
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
         pending = pool.submit(run, start) if config.prefetch else None
         for step in range(start, config.steps):
             began = time.perf_counter()
@@ -96,6 +97,10 @@ def _sync_steps(
             else:
                 played = run(step)
             yield played, time.perf_counter() - began
+    finally:
+        # a run stopped early does not wait for the step being prefetched: closing the
+        # client cancels its episodes
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 class _Async:

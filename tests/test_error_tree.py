@@ -45,7 +45,8 @@ def package_errors() -> dict[str, type[BaseException]]:
         for name, value in vars(module).items():
             if (
                 isinstance(value, type)
-                and issubclass(value, BaseException)
+                # not a BaseException-only signal (train_faults.Interrupted, a KeyboardInterrupt)
+                and issubclass(value, Exception)
                 and value.__module__ == info.name
                 and not name.startswith("_")
             ):

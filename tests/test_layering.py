@@ -21,8 +21,8 @@ its imports is checked against the layers below. They are the design's (DESIGN.m
   adapter imports another adapter, ``serve`` or ``gym``.
 - **config** (``train_config``: the trainer's settings) imports core only.
 - **apps** (the reference trainer: ``train``, ``train_learner``, ``train_outputs``,
-  ``train_play``, ``train_sampler``) may import
-  any layer.
+  ``train_play``, ``train_sampler``, ``train_trackers``, ``train_checkpoints``,
+  ``train_faults``) may import any layer.
 
 Only the modules listed in ``HEAVY_AT_IMPORT`` import a heavy framework when they load, and
 ``import nemogym_sdk`` loads no network, YAML or heavy module and none of the io layer.
@@ -130,6 +130,10 @@ def layer(module: str) -> str:
     if first == "train_config":
         return "config"
     if first in ("train", "train_learner", "train_outputs", "train_play", "train_sampler"):
+        return "apps"
+    if first in ("train_checkpoints", "train_faults"):  # its checkpoints and faults
+        return "apps"
+    if first == "train_trackers":  # the reference trainer's --report-to
         return "apps"
     if first in PACKAGE_LAYERS:
         return first

@@ -605,6 +605,19 @@ def test_require_zero_catches_a_nonzero_b(server: Any, tmp_path: Path) -> None:
         sync.initialize(model)
 
 
+def test_a_resumed_run_starts_at_its_checkpoints_version(server: Any, tmp_path: Path) -> None:
+    """initialize(version=k): a resumed run publishes its checkpoint's adapter as version k
+    and goes on with k + 1, the sequence of a run that was never stopped."""
+    model = peft_model()
+    perturb(model, seed=3)
+    sync = LoraSync(server.base_url, "resumed", tmp_path)
+    with pytest.raises(ConfigError, match=">= 0"):
+        sync.initialize(model, require_zero=False, version=-1)
+    assert sync.initialize(model, require_zero=False, version=4).version == 4
+    assert sync.served_version() == 4
+    assert sync.sync(model).version == 5 and sync.served_version() == 5
+
+
 def test_failed_loads_carry_the_servers_message(server: Any, tmp_path: Path) -> None:
     """A corrupt adapter and one for another base: 400 with the server's words; v1 stays."""
     from safetensors.torch import save_file

@@ -24,7 +24,8 @@ behind ``vllm-router`` (``start_router``).
 
 See ``docs/gym-environments.md`` for what each shipped environment does, and
 ``docs/writing-an-environment.md`` for writing one (``SDK_ENVIRONMENTS``, e.g.
-``target_chars``, ship with this package and start by name like NeMo Gym's own).
+``target_chars``, ship with this package and start by name like NeMo Gym's own; your own
+start by name from the directories on ``env_path`` or ``$NEMOGYM_ENV_PATH``).
 """
 
 from __future__ import annotations
@@ -48,11 +49,13 @@ from nemogym_sdk.gym.errors import (
 )
 from nemogym_sdk.gym.launcher import GymLauncher
 from nemogym_sdk.gym.locate import (
+    ENV_PATH_ENV_VAR,
     GYM_VENV_ENV_VAR,
     SDK_ENVS_DIR,
     EnvironmentLocation,
     GymVenv,
     default_gym_venv_path,
+    environment_path,
     find_gym_venv,
     locate_environment,
 )
@@ -89,6 +92,7 @@ __all__ = [
     "BackendProcess",
     "CATALOGUE",
     "DatasetMissingError",
+    "ENV_PATH_ENV_VAR",
     "EnvironmentInfo",
     "EnvironmentLocation",
     "EnvironmentSetup",
@@ -127,6 +131,7 @@ __all__ = [
     "default_requirements_cache",
     "default_vllm_venv_path",
     "describe_environment",
+    "environment_path",
     "find_gym_venv",
     "find_router",
     "find_uv",

@@ -85,6 +85,9 @@ class StackBuilder:
     requirements_cache: Path | None = None
     extra_env: Mapping[str, str] = attrs.field(factory=dict)
     environment_servers: bool = False
+    env_path: tuple[Path, ...] = ()
+    """The environment search path, resolved (``GymStack`` reads ``$NEMOGYM_ENV_PATH`` when
+    given none; see :func:`~nemogym_sdk.gym.locate.environment_path`)."""
 
     def build(self, workdir: Path) -> StackConfig:
         """The resolved config; :class:`~nemogym_sdk.gym.errors.DatasetMissingError` when
@@ -99,6 +102,7 @@ class StackBuilder:
             default_max_steps=self.default_max_steps,
             overrides=self.overrides,
             environment_servers=self.environment_servers,
+            env_path=self.env_path,
         )
         for spec in config.servers:
             if spec.server_type == ENVIRONMENT_SERVERS and spec.impl != _RELAY:
@@ -184,7 +188,9 @@ class StackBuilder:
             given = files.setdefault(f"{RESOURCES}/{directory}", {})
             stand_ins = {
                 path: text
-                for path, text in missing_data_files(self.venv, directory).items()
+                for path, text in missing_data_files(
+                    self.venv, directory, env_path=self.env_path
+                ).items()
                 if path not in given
             }
             if stand_ins:
@@ -207,7 +213,7 @@ class StackBuilder:
             if key in dirs:
                 continue
             if spec.server_type == RESOURCES:
-                original = locate_environment(self.venv, spec.impl).directory
+                original = locate_environment(self.venv, spec.impl, self.env_path).directory
             else:
                 original = self.venv.server_dir(spec.server_type, spec.impl)
             if key in files:

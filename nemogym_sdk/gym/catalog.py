@@ -12,6 +12,8 @@ how rewards are computed, quirks) is in ``docs/gym-environments.md``.
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ import attrs
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.gym.config import dataset_paths
 from nemogym_sdk.gym.loading import environment_config
-from nemogym_sdk.gym.locate import GymVenv
+from nemogym_sdk.gym.locate import GymVenv, locate_environment
 from nemogym_sdk.gym.resolve import resolve_environments
 from nemogym_sdk.gym.specs import AGENTS, RESOURCES
 
@@ -86,9 +88,12 @@ class EnvironmentInfo:
     """True for an environment under ``nemogym_sdk/gym/envs``."""
 
 
-def describe_environment(venv: GymVenv, name: str) -> EnvironmentInfo:
-    """Read an environment's shipped config (as NeMo Gym resolves it) and example rows."""
-    (resolved,) = resolve_environments(venv, [name])
+def describe_environment(
+    venv: GymVenv, name: str, *, env_path: Sequence[str | os.PathLike[str]] | None = None
+) -> EnvironmentInfo:
+    """Read an environment's shipped config (as NeMo Gym resolves it) and example rows;
+    ``env_path``: the environment search path (``None``: ``$NEMOGYM_ENV_PATH``)."""
+    (resolved,) = resolve_environments(venv, [name], env_path=env_path)
     shipped = environment_config(resolved)
     description = ""
     domain: str | None = None
@@ -158,11 +163,15 @@ _SYSTEM_WORD_LISTS = (
 )
 
 
-def missing_data_files(venv: GymVenv, environment: str) -> dict[str, str]:
+def missing_data_files(
+    venv: GymVenv, environment: str, *, env_path: Sequence[str | os.PathLike[str]] | None = None
+) -> dict[str, str]:
     """Stand-ins for data files an environment needs but the wheel does not ship.
 
     Returns ``{path relative to the resources server dir: text}``; empty when nothing is
-    missing. Only ``wordle`` needs one: ``data/guesses.txt`` (the valid-guess list, which
+    missing, and for a user's environment found on ``env_path`` (the search path; ``None``:
+    ``$NEMOGYM_ENV_PATH``), which the SDK never adds to. Only NeMo Gym's ``wordle`` needs
+    one: ``data/guesses.txt`` (the valid-guess list, which
     ``generate_data.py`` downloads from GitHub). The stand-in holds the five-letter words
     of a system word list when there is one (Debian: ``apt-get install wamerican``), the
     targets of the shipped rows, and the guesses the shipped example rollouts had
@@ -172,6 +181,8 @@ def missing_data_files(venv: GymVenv, environment: str) -> dict[str, str]:
     """
     if environment != "wordle":
         return {}
+    if locate_environment(venv, environment, env_path).path_entry is not None:
+        return {}  # a user's own wordle: theirs to complete
     data_dir = venv.resources_server_dir("wordle") / "data"
     if (data_dir / "guesses.txt").is_file():
         return {}

@@ -36,6 +36,7 @@ allocator.
 from __future__ import annotations
 
 import copy
+import os
 import random
 import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -159,6 +160,7 @@ def build_stack_config(
     overrides: Mapping[str, Any] | None = None,
     allocate_ports: Callable[[int], Sequence[int]] | None = None,
     environment_servers: bool = False,
+    env_path: Sequence[str | os.PathLike[str]] | None = None,
 ) -> StackConfig:
     """Resolve the global config that runs ``environments`` against ``model``.
 
@@ -174,7 +176,9 @@ def build_stack_config(
     also add server instances, which are started with the rest. All environments are
     resolved in one request to the NeMo Gym worker (none when cached).
     ``environment_servers`` keeps the environment servers (the relays NeMo Gym's own
-    rollout collection posts ``/run`` to) instead of dropping them.
+    rollout collection posts ``/run`` to) instead of dropping them. ``env_path`` is the
+    environment search path, looked in before the SDK's and NeMo Gym's environments
+    (``None``: ``$NEMOGYM_ENV_PATH``; see :func:`~nemogym_sdk.gym.locate.locate_environment`).
     """
     if isinstance(environments, str) or not environments:
         raise ConfigError("at least one environment is required (a sequence of names)")
@@ -182,7 +186,7 @@ def build_stack_config(
         raise ConfigError(f"environments listed twice: {list(environments)}")
     if default_max_steps is not None and default_max_steps < 1:
         raise ConfigError(f"default_max_steps must be >= 1, got {default_max_steps}")
-    resolved = resolve_environments(venv, environments)
+    resolved = resolve_environments(venv, environments, env_path=env_path)
     parts = _Parts()
     kept = (*_KEPT_TYPES, ENVIRONMENT_SERVERS) if environment_servers else _KEPT_TYPES
     for environment in resolved:

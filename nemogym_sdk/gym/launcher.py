@@ -13,10 +13,11 @@ thing::
 What the SDK prepares, so that the launcher builds nothing: each server's interpreter (the
 NeMo Gym venv, or the per-server venv ``GymStack`` builds with uv) is linked where the
 launcher looks for it (``uv_venv_dir/<type>/<name>/.venv``, with ``skip_venv_if_present``),
-and each server's directory (NeMo Gym's, the SDK's own ``target_chars``, or an overlay with
-extra data files) where it searches first (``NEMO_GYM_EXTRA_ROOTS``). The launcher runs in a
-process group of its own, in ``workdir`` (its ``env.yaml``, logs and Ray files); stopping sends
-it SIGINT (it stops its servers and its Ray cluster), then ends whatever is left of its group.
+and each server's directory (NeMo Gym's, the SDK's own ``target_chars``, a user's from
+``env_path``, or an overlay with extra data files) where it searches first
+(``NEMO_GYM_EXTRA_ROOTS``). The launcher runs in a process group of its own, in ``workdir``
+(its ``env.yaml``, logs and Ray files); stopping sends it SIGINT (it stops its servers and
+its Ray cluster), then ends whatever is left of its group.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import yaml
 from nemogym_sdk.directory import ServerDirectory
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.gym.builder import StackBuilder
-from nemogym_sdk.gym.locate import GymVenv, find_gym_venv
+from nemogym_sdk.gym.locate import GymVenv, environment_path, find_gym_venv
 from nemogym_sdk.gym.process import ServerProcess, spawn, stop_all, wait_ready
 from nemogym_sdk.gym.specs import ENVIRONMENT_SERVERS, PolicyModel, StackConfig
 
@@ -58,6 +59,9 @@ class GymLauncher:
         model: the policy's OpenAI-compatible backend (``policy_model``).
         judge: as for ``GymStack``.
         venv: the NeMo Gym venv (its ``gym`` command runs the launcher).
+        env_path: as for ``GymStack``: directories holding environments of your own, searched
+            first (default ``$NEMOGYM_ENV_PATH``); the launcher finds each through
+            ``NEMO_GYM_EXTRA_ROOTS``, like the SDK's.
         workdir: where the launcher runs (``env.yaml``, ``logs/gym.log``); default a fresh
             temporary directory.
         ready_timeout: seconds until the head server's ``/readyz`` must answer 200 (Ray's
@@ -75,6 +79,7 @@ class GymLauncher:
         *,
         judge: PolicyModel | None = None,
         venv: GymVenv | str | os.PathLike[str] | None = None,
+        env_path: Sequence[str | os.PathLike[str]] | None = None,
         workdir: str | os.PathLike[str] | None = None,
         ready_timeout: float = 180.0,
         stop_grace: float = 30.0,
@@ -92,6 +97,7 @@ class GymLauncher:
             overrides=dict(overrides or {}),
             install_requirements=install_requirements,
             extra_env=dict(extra_env or {}),
+            env_path=environment_path(env_path),
         )
         self._workdir_arg = Path(workdir) if workdir is not None else None
         self._ready_timeout = ready_timeout

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nemogym_sdk.gym.locate import GymVenv
@@ -33,10 +34,13 @@ logger = logging.getLogger(__name__)
 _CONFIG_PATHS = "config_paths"
 
 
-def load_environment_config(venv: GymVenv, environment: str) -> dict[str, Any]:
+def load_environment_config(
+    venv: GymVenv, environment: str, *, env_path: Sequence[str | os.PathLike[str]] | None = None
+) -> dict[str, Any]:
     """An environment's config as NeMo Gym resolves it, paired with an agent when it
-    starts none; ``ConfigError`` if it is absent or NeMo Gym refuses it."""
-    (resolved,) = resolve_environments(venv, [environment])
+    starts none; ``ConfigError`` if it is absent or NeMo Gym refuses it. ``env_path``: the
+    environment search path (``None``: ``$NEMOGYM_ENV_PATH``)."""
+    (resolved,) = resolve_environments(venv, [environment], env_path=env_path)
     return environment_config(resolved)
 
 

@@ -8,14 +8,18 @@ talks to them over HTTP.
 Lookup order: an explicit path, then ``$NEMOGYM_GYM_VENV``, then ``.venv-gym`` at the
 root of the checkout that holds this package.
 
-Environments come from two places: NeMo Gym's own (``resources_servers/<name>`` in the
-venv) and the SDK's (``nemogym_sdk/gym/envs/<name>``, laid out the same way).
+Environments come from three places, searched in this order: the environment search path
+(``env_path``, else ``$NEMOGYM_ENV_PATH``: directories holding users' own environments,
+``<dir>/<name>``), the SDK's (``nemogym_sdk/gym/envs/<name>``) and NeMo Gym's
+(``resources_servers/<name>`` in the venv), all laid out the same way.
 :func:`locate_environment` says which, and is the one place every other module asks.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
@@ -24,11 +28,14 @@ from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.gym.errors import GymVenvNotFoundError
 
 __all__ = [
+    "ENV_PATH_ENV_VAR",
     "GYM_VENV_ENV_VAR",
     "SDK_ENVS_DIR",
     "EnvironmentLocation",
     "GymVenv",
     "default_gym_venv_path",
+    "environment_not_found",
+    "environment_path",
     "find_gym_venv",
     "locate_environment",
     "sdk_environment_names",
@@ -36,6 +43,17 @@ __all__ = [
 
 GYM_VENV_ENV_VAR = "NEMOGYM_GYM_VENV"
 """Environment variable that overrides where the NeMo Gym venv is looked up."""
+
+ENV_PATH_ENV_VAR = "NEMOGYM_ENV_PATH"
+"""Environment variable holding the environment search path (directories, separated by
+``os.pathsep``), read when no ``env_path`` is given."""
+
+_ADD_ONE = (
+    "To use an environment of your own, put its directory (<name>/configs/<name>.yaml, "
+    "<name>/app.py, <name>/data/example.jsonl) in a directory named by GymStack's or "
+    f"GymLauncher's env_path, ${ENV_PATH_ENV_VAR} or nemogym-train --env-path "
+    "(docs/writing-an-environment.md)"
+)
 
 # The directory holding the nemogym_sdk package (the checkout, or site-packages when
 # installed): ``.venv-gym`` is looked up there, and the dataset paths of the SDK's
@@ -113,11 +131,15 @@ class EnvironmentLocation:
     root: Path
     """What relative paths in its config resolve against (datasets' ``jsonl_fpath``): the
     venv's site-packages for NeMo Gym's environments, the directory holding the
-    ``nemogym_sdk`` package for the SDK's."""
+    ``nemogym_sdk`` package for the SDK's, the search-path directory it was found in for a
+    user's (its parent when that directory is named ``resources_servers``, as in NeMo Gym)."""
     shipped_with_sdk: bool
     """True for an environment under ``nemogym_sdk/gym/envs``."""
     config_name: str | None = None
     """The config variant (``configs/<config_name>.yaml``); None: the directory's own name."""
+    path_entry: Path | None = None
+    """The search-path directory it was found in (:func:`environment_path`); None for the
+    SDK's and NeMo Gym's environments."""
 
     @property
     def config_path(self) -> Path:
@@ -158,16 +180,65 @@ def split_environment_name(name: str) -> tuple[str, str | None]:
     return directory, (config if sep else None)
 
 
-def locate_environment(venv: GymVenv, name: str) -> EnvironmentLocation:
-    """Find environment ``name``: shipped with the SDK, else in the NeMo Gym venv.
+def environment_path(
+    env_path: Sequence[str | os.PathLike[str]] | None = None,
+) -> tuple[Path, ...]:
+    """The directories searched for users' environments, absolute, in order, each once.
+
+    ``env_path`` when given (empty: none), else ``$NEMOGYM_ENV_PATH`` split on
+    ``os.pathsep`` (empty parts skipped). An entry that is not an existing directory is a
+    ``ConfigError`` naming it and where it came from.
+    """
+    if isinstance(env_path, (str, os.PathLike)):
+        raise ConfigError(
+            f"env_path must be a sequence of directories, e.g. [{str(env_path)!r}], not one path"
+        )
+    source = "env_path"
+    if env_path is None:
+        source = f"${ENV_PATH_ENV_VAR}"
+        env_path = [part for part in os.environ.get(ENV_PATH_ENV_VAR, "").split(os.pathsep) if part]
+    entries: list[Path] = []
+    for entry in env_path:
+        directory = Path(os.path.abspath(Path(entry).expanduser()))
+        if not directory.is_dir():
+            what = "is not a directory" if directory.exists() else "does not exist"
+            raise ConfigError(
+                f"{directory} (in {source}) {what}; the environment search path names "
+                "directories that hold environment directories (<dir>/<name>/configs/"
+                f"<name>.yaml): create it or remove it from {source}"
+            )
+        if directory not in entries:
+            entries.append(directory)
+    return tuple(entries)
+
+
+def locate_environment(
+    venv: GymVenv, name: str, env_path: Sequence[str | os.PathLike[str]] | None = None
+) -> EnvironmentLocation:
+    """Find environment ``name``: on the search path, else shipped with the SDK, else in
+    the NeMo Gym venv.
 
     ``name`` is a resources server directory, optionally with a config variant
-    (``<directory>:<config>``, see `split_environment_name`). The venv's location is
-    returned even when it does not exist (callers report unknown environments with
-    suggestions). A name that both ship is refused: which server runs must never depend
-    on the installed NeMo Gym version.
+    (``<directory>:<config>``, see `split_environment_name`). ``env_path`` is the search
+    path (see :func:`environment_path`; ``None``: ``$NEMOGYM_ENV_PATH``): its first
+    directory holding a directory of that name wins, over the SDK's and NeMo Gym's too (a
+    user's copy shadows a shipped environment, as ``NEMO_GYM_EXTRA_ROOTS`` does in NeMo
+    Gym). The venv's location is returned even when it does not exist (callers report
+    unknown environments with :func:`environment_not_found`). A name that the SDK and
+    NeMo Gym both ship is refused: which server runs must never depend on the installed
+    NeMo Gym version.
     """
     directory, config_name = split_environment_name(name)
+    for entry in environment_path(env_path):
+        if (entry / directory).is_dir():
+            return EnvironmentLocation(
+                name=name,
+                directory=entry / directory,
+                root=entry.parent if entry.name == "resources_servers" else entry,
+                shipped_with_sdk=False,
+                config_name=config_name,
+                path_entry=entry,
+            )
     in_venv = venv.resources_server_dir(directory)
     if directory in sdk_environment_names():
         if in_venv.exists():
@@ -189,4 +260,32 @@ def locate_environment(venv: GymVenv, name: str) -> EnvironmentLocation:
         root=venv.site_packages,
         shipped_with_sdk=False,
         config_name=config_name,
+    )
+
+
+def environment_not_found(
+    venv: GymVenv, location: EnvironmentLocation, env_path: Sequence[str | os.PathLike[str]] | None
+) -> ConfigError:
+    """The error for an environment whose config is not there: a directory without configs,
+    or a name found nowhere (every place searched, close names, how to add one)."""
+    name = location.name
+    if location.directory.is_dir():
+        return ConfigError(
+            f"environment {name!r}: {location.directory} has no configs/*.yaml, so it is not "
+            f"an environment directory (expected {location.config_path})"
+        )
+    searched = [
+        *environment_path(env_path),
+        SDK_ENVS_DIR,
+        venv.resources_server_dir(location.directory.name).parent,
+    ]
+    known = sorted(
+        {config.parent.parent.name for d in searched for config in d.glob("*/configs/*.yaml")}
+    )
+    close = difflib.get_close_matches(location.directory.name, known, n=3)
+    hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+    return ConfigError(
+        f"unknown NeMo Gym environment {name!r}: no directory {location.directory.name!r} "
+        f"in {', '.join(map(str, searched))} ({len(known)} environments there{hint}). "
+        f"{_ADD_ONE}"
     )

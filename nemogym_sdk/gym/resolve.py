@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import difflib
 import hashlib
 import json
 import os
@@ -39,10 +38,9 @@ from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.gym.locate import (
     EnvironmentLocation,
     GymVenv,
+    environment_not_found,
     locate_environment,
-    sdk_environment_names,
 )
-from nemogym_sdk.wire import RESOURCES
 
 __all__ = [
     "AgentConfig",
@@ -99,11 +97,17 @@ class ResolvedEnvironment:
 
 
 def resolve_environments(
-    venv: GymVenv, names: Sequence[str], *, cache: bool = True
+    venv: GymVenv,
+    names: Sequence[str],
+    *,
+    cache: bool = True,
+    env_path: Sequence[str | os.PathLike[str]] | None = None,
 ) -> list[ResolvedEnvironment]:
     """Each environment of ``names`` resolved (one request to the NeMo Gym worker for all not
-    cached); the first that cannot be is a ``ConfigError`` naming it and its config."""
-    results = resolve_each(venv, names, cache=cache)
+    cached); the first that cannot be is a ``ConfigError`` naming it and its config.
+    ``env_path``: the environment search path (``None``: ``$NEMOGYM_ENV_PATH``; see
+    :func:`~nemogym_sdk.gym.locate.locate_environment`)."""
+    results = resolve_each(venv, names, cache=cache, env_path=env_path)
     for name in names:
         result = results[name]
         if isinstance(result, ConfigError):
@@ -112,7 +116,11 @@ def resolve_environments(
 
 
 def resolve_each(
-    venv: GymVenv, names: Sequence[str], *, cache: bool = True
+    venv: GymVenv,
+    names: Sequence[str],
+    *,
+    cache: bool = True,
+    env_path: Sequence[str | os.PathLike[str]] | None = None,
 ) -> dict[str, ResolvedEnvironment | ConfigError]:
     """Name -> its resolution, or the ``ConfigError`` saying why there is none; in the
     order given, one worker request for every name not cached (``cache=False``: all)."""
@@ -121,7 +129,7 @@ def resolve_each(
     locations: dict[str, EnvironmentLocation] = {}
     for name in dict.fromkeys(names):
         try:
-            locations[name] = _located(venv, name)
+            locations[name] = _located(venv, name, env_path)
         except ConfigError as error:
             results[name] = error
             continue
@@ -142,9 +150,11 @@ def resolve_each(
     return {name: results[name] for name in dict.fromkeys(names)}
 
 
-def _located(venv: GymVenv, name: str) -> EnvironmentLocation:
+def _located(
+    venv: GymVenv, name: str, env_path: Sequence[str | os.PathLike[str]] | None
+) -> EnvironmentLocation:
     """The environment's location; ``ConfigError`` saying what there is if its config is not."""
-    location = locate_environment(venv, name)
+    location = locate_environment(venv, name, env_path)
     path = location.config_path
     if path.is_file():
         return location
@@ -154,16 +164,7 @@ def _located(venv: GymVenv, name: str) -> EnvironmentLocation:
             f"environment {name!r} has no config {path.name}; pick one of its configs as "
             f"'{location.directory.name}:<config>': {', '.join(variants)}"
         )
-    known = sorted(
-        {p.parent.parent.name for p in venv.site_packages.glob(f"{RESOURCES}/*/configs/*.yaml")}
-        | set(sdk_environment_names())
-    )
-    close = difflib.get_close_matches(name, known, n=3)
-    hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-    raise ConfigError(
-        f"unknown NeMo Gym environment {name!r}: {path} does not exist "
-        f"({len(known)} environments ship configs{hint})"
-    )
+    raise environment_not_found(venv, location, env_path)
 
 
 def _entry(venv: GymVenv, location: EnvironmentLocation) -> dict[str, Any]:
@@ -264,6 +265,8 @@ class _Worker:
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
+        if self._process.stdout is not None:  # else a ResourceWarning when it is collected
+            self._process.stdout.close()
         self._log.close()
 
 
@@ -277,6 +280,8 @@ def _worker(venv: GymVenv) -> _Worker:
         worker = _WORKERS.get(str(venv.python))
         alive = worker is not None and worker._process.poll() is None
         if worker is None or not alive or worker.owner != os.getpid():
+            if worker is not None and worker.owner == os.getpid():
+                worker.close()  # a worker that exited: its pipes and log are closed first
             if not _WORKERS:
                 atexit.register(_close_workers)
             worker = _WORKERS[str(venv.python)] = _Worker(venv)

@@ -44,7 +44,7 @@ from nemogym_sdk.data import read_rows
 from nemogym_sdk.directory import ServerDirectory, ServerInfo, resolve_interpolations
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.gym.builder import HEAD_SERVER_NAME, Launch, StackBuilder
-from nemogym_sdk.gym.locate import GymVenv, find_gym_venv
+from nemogym_sdk.gym.locate import GymVenv, environment_path, find_gym_venv
 from nemogym_sdk.gym.overlay import FileSource
 from nemogym_sdk.gym.process import ProcessGroup, wait_answering
 from nemogym_sdk.gym.server_envs import ServerEnvironment
@@ -66,11 +66,11 @@ class GymStack:
 
     Args:
         environments: environment names, e.g. ``["example_single_tool_call"]``: NeMo Gym's
-            (``resources_servers/<name>`` in the venv) or the SDK's own
-            (:data:`~nemogym_sdk.gym.SDK_ENVIRONMENTS`, e.g. ``"target_chars"``), or
-            ``"<directory>:<config>"`` for another of its configs. One whose config starts
-            no agent runs with the agent its ``allowed_agents`` names (``gdpval``: see
-            :mod:`~nemogym_sdk.gym.loading`).
+            (``resources_servers/<name>`` in the venv), the SDK's own
+            (:data:`~nemogym_sdk.gym.SDK_ENVIRONMENTS`, e.g. ``"target_chars"``) or a
+            user's (on ``env_path``), or ``"<directory>:<config>"`` for another of its
+            configs. One whose config starts no agent runs with the agent its
+            ``allowed_agents`` names (``gdpval``: see :mod:`~nemogym_sdk.gym.loading`).
         model: the OpenAI-compatible backend, served to the agents as ``policy_model``.
         head_server: also run NeMo Gym's head server (discovery endpoints).
         judge: the OpenAI-compatible endpoint (``base_url``, ``model``: the served model
@@ -80,6 +80,11 @@ class GymStack:
             environments whose judge is ``policy_model`` keep judging on the policy's server.
         venv: the NeMo Gym venv (a :class:`GymVenv` or a path); default
             ``$NEMOGYM_GYM_VENV`` or ``<repo>/.venv-gym``.
+        env_path: directories holding environments of your own (``<dir>/<name>/configs/
+            <name>.yaml``, ``app.py``, ``data/``), searched in order before the SDK's and
+            NeMo Gym's (the first directory holding a name wins, shadowing a shipped
+            environment of that name); default ``$NEMOGYM_ENV_PATH`` (``os.pathsep``-
+            separated). A directory that does not exist is a ``ConfigError``.
         workdir: where logs and the config go; default a fresh temporary directory.
         ready_timeout: seconds for all servers to answer their health route.
         backend_timeout: if set, seconds to wait, before starting anything, for the
@@ -119,6 +124,7 @@ class GymStack:
         head_server: bool = False,
         judge: PolicyModel | None = None,
         venv: GymVenv | str | os.PathLike[str] | None = None,
+        env_path: Sequence[str | os.PathLike[str]] | None = None,
         workdir: str | os.PathLike[str] | None = None,
         ready_timeout: float = 120.0,
         backend_timeout: float | None = None,
@@ -145,6 +151,7 @@ class GymStack:
             requirements_cache=Path(requirements_cache) if requirements_cache else None,
             extra_env=dict(extra_env or {}),
             environment_servers=environment_servers,
+            env_path=environment_path(env_path),
         )
         """What the stack is made of (the config builder)."""
         self._head_server = head_server

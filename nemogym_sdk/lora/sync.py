@@ -200,19 +200,28 @@ class LoraSync:
             server.probe()
         return caps
 
-    def initialize(self, model: object, *, require_zero: bool = True) -> SyncRecord:
-        """Publish version 0 of ``model``'s adapter; call it before the first rollout.
+    def initialize(
+        self, model: object, *, require_zero: bool = True, version: int = 0
+    ) -> SyncRecord:
+        """Publish the first version of ``model``'s adapter (``version``, 0 by default);
+        call it before the first rollout.
 
         From the first rollout on, NeMo Gym's model server requests ``adapter_name``: it
         must be loaded by then (the served-name rule). With ``require_zero`` every
         ``lora_B`` weight must be exactly zero (PEFT's default init), so version 0 equals
-        the base model; pass ``require_zero=False`` to start from a trained adapter.
+        the base model; pass ``require_zero=False`` to start from a trained adapter. A
+        resumed run passes the version its checkpoint's weights had (``require_zero=False``,
+        ``version=steps done``), so the sampler sees the same version sequence as a run
+        that was never stopped.
 
         Raises:
-            ConfigError: a ``lora_B`` weight is nonzero, or a version was already published.
+            ConfigError: a ``lora_B`` weight is nonzero, ``version`` is negative, or a
+                version was already published.
         """
         if self._history:
             raise self._initialized_twice()
+        if version < 0:
+            raise ConfigError(f"the first adapter version must be >= 0, got {version}")
         if require_zero:
             nonzero = _adapter.first_nonzero_lora_b(model)
             if nonzero is not None:
@@ -224,7 +233,7 @@ class LoraSync:
                     "trained adapter. Inits such as PiSSA, OLoRA or LoftQ also change the base "
                     "weights, which the inference server does not have: use the default init."
                 )
-        return self._publish(lambda tmp: _adapter.save_adapter(model, tmp), initial=True)
+        return self._publish(lambda tmp: _adapter.save_adapter(model, tmp), initial=version)
 
     def sync(self, model: object, *, state_dict: Any = None) -> SyncRecord:
         """Save ``model``'s active LoRA adapter as the next version and publish it.
@@ -337,11 +346,12 @@ class LoraSync:
             return 1
         return self.version + 1
 
-    def _publish(self, write: Callable[[Path], str], *, initial: bool = False) -> SyncRecord:
+    def _publish(self, write: Callable[[Path], str], *, initial: int | None = None) -> SyncRecord:
+        """Publish the next version (``initial``: the first one, that number)."""
         with self._lock:  # one publish at a time, so versions stay in order
-            if initial and self._history:
+            if initial is not None and self._history:
                 raise self._initialized_twice()
-            version = 0 if initial else self._next_version()
+            version = initial if initial is not None else self._next_version()
             began = time.perf_counter()
             for server in self._servers:
                 _require_lora(server.capabilities or server.probe())

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from nemogym_sdk.errors import ConfigError
 
-__all__ = ["AdapterVersions"]
+__all__ = ["AdapterVersions", "unwritable"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,12 @@ class AdapterVersions:
     def __init__(self, root: Path) -> None:
         self.root = root
         """``<directory>/<adapter_name>``."""
-        _ensure_writable(root)
+        problem = unwritable(root)
+        if problem is not None:
+            raise ConfigError(
+                f"cannot write LoRA adapters under {root}: {problem}. Pass a directory= "
+                "the trainer can write and the inference server can read."
+            )
 
     def path(self, version: int) -> Path:
         """The directory of ``version``: ``<root>/v{version:06d}``."""
@@ -73,14 +78,14 @@ class AdapterVersions:
                 logger.debug("pruned %s", entry)
 
 
-def _ensure_writable(path: Path) -> None:
+def unwritable(path: Path) -> str | None:
+    """Why the directory ``path`` cannot be created or take a file (the OS's reason), or
+    None when it can (it exists afterwards)."""
     try:
         path.mkdir(parents=True, exist_ok=True)
         handle, check = tempfile.mkstemp(prefix=".write-check-", dir=path)
         os.close(handle)
         os.unlink(check)
     except OSError as exc:
-        raise ConfigError(
-            f"cannot write LoRA adapters under {path}: {exc.strerror or exc}. Pass a directory= "
-            "the trainer can write and the inference server can read."
-        ) from exc
+        return str(exc.strerror or exc)
+    return None

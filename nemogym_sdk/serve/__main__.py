@@ -14,7 +14,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from nemogym_sdk.errors import ConfigError
+from nemogym_sdk.errors import ConfigError, NemoGymError
+from nemogym_sdk.serve._deps import require_serve_deps
 
 if TYPE_CHECKING:
     from nemogym_sdk.serve.backend import CausalLMBackend
@@ -194,7 +195,8 @@ async def _serve(engine: ServeEngine, host: str, port: int) -> int:
     try:
         server = await start_server(engine, host=host, port=port)
     except ServeError as error:
-        print(f"nemogym_sdk.serve: error: {error}", file=sys.stderr, flush=True)
+        see = f" (see {error.troubleshooting_url()})"
+        print(f"nemogym_sdk.serve: error: {error}{see}", file=sys.stderr, flush=True)
         return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -220,6 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the process exit status."""
     args = build_parser().parse_args(argv)
     try:
+        require_serve_deps()  # without the serve extra: one line naming it, not a traceback
         if args.save_tiny is not None:
             from nemogym_sdk.serve.tiny import save_tiny
 
@@ -229,7 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         engine = _engine(args)
     except (ImportError, OSError, ValueError) as error:
-        print(f"nemogym_sdk.serve: error: {error}", file=sys.stderr)
+        see = f" (see {error.troubleshooting_url()})" if isinstance(error, NemoGymError) else ""
+        print(f"nemogym_sdk.serve: error: {error}{see}", file=sys.stderr)
         return 2
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

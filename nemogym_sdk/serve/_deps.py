@@ -6,8 +6,11 @@ import importlib.util
 
 __all__ = ["SERVE_EXTRA_HINT", "require_serve_deps"]
 
-SERVE_EXTRA_HINT = "pip install nemogym-sdk[serve]"
-_REQUIRED = ("torch", "transformers", "tokenizers")
+SERVE_EXTRA_HINT = "pip install 'nemogym-sdk[serve]'"
+_REQUIRED = ("torch", "transformers", "tokenizers", "jinja2")
+_CPU_TORCH_HINT = (
+    " (on a CPU-only machine, the CPU build of torch first: pip install torch==2.13.0)."
+)
 
 
 def require_serve_deps(*, extra: tuple[str, ...] = ()) -> None:
@@ -15,6 +18,7 @@ def require_serve_deps(*, extra: tuple[str, ...] = ()) -> None:
     missing = [name for name in (*_REQUIRED, *extra) if importlib.util.find_spec(name) is None]
     if missing:
         raise ImportError(
-            f"nemogym_sdk.serve needs {', '.join(missing)}, which is not installed. "
-            f"Install the serving extra: `{SERVE_EXTRA_HINT}`."
+            f"nemogym_sdk.serve needs {', '.join(missing)} (not installed). "
+            f"Install the serving extra: `{SERVE_EXTRA_HINT}`"
+            + (_CPU_TORCH_HINT if "torch" in missing else ".")
         )

@@ -4,7 +4,7 @@ NeMo Gym's ``vllm_model`` forwards, on each assistant message it produced earlie
 ``prompt_token_ids`` and ``generation_token_ids`` of that turn. Re-rendering the conversation
 through the chat template would re-tokenize the model's own output (and may differ: invalid
 UTF-8, BPE re-splits, template normalisation), which breaks the token history a trainer relies on.
-The backend therefore splices (``reference/nemo_gym_protocol.md`` §6.2):
+The backend therefore splices, as NeMo RL's vLLM worker does (its ``_replace_prefix_tokens``):
 
     model_prefix    = prompt_token_ids + generation_token_ids   (of the last such assistant turn)
     template_prefix = template(messages[: that turn + 1], no generation prompt)

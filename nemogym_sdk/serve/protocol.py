@@ -1,8 +1,11 @@
 """The OpenAI/vLLM wire format: parse chat and tokenize requests, build vLLM-shaped responses.
 
-Shapes follow vLLM 0.32's OpenAI-compatible server (``reference/vllm_cpu.md`` §6, §8) and what
-NeMo Gym's ``vllm_model`` reads (``reference/nemo_gym_protocol.md`` §6.1, §7). Pure Python: no
-torch, so request validation is unit-testable and cheap.
+Shapes follow vLLM 0.32's OpenAI-compatible server (``/v1/chat/completions``,
+``/v1/completions``, ``/tokenize``, ``/v1/models``) and what NeMo Gym's ``vllm_model`` reads
+from them: ``prompt_token_ids`` and ``generation_token_ids`` of every turn, and each generated
+token's logprob, its token written ``token_id:<id>`` when asked with
+``return_tokens_as_token_ids``. Pure Python: no torch, so request validation is
+unit-testable and cheap.
 """
 
 from __future__ import annotations

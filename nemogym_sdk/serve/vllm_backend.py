@@ -2,7 +2,7 @@
 
 Stock vLLM renders and tokenizes the chat history itself on every turn, so the prompt of turn
 ``n + 1`` holds a re-tokenization of what the model generated in turn ``n``, not the tokens it
-sampled (``reference/nemo_gym_protocol.md`` §6.2). `VllmBackend` keeps the prompt side local:
+sampled (NeMo Gym leaves this fix to the model server). `VllmBackend` keeps the prompt side local:
 `ServeEngine` renders and splices the prompt ids with the model directory's own tokenizer
 (`nemogym_sdk.serve.template.ChatTemplate`), and only the generation goes to vLLM, as a
 ``POST /v1/completions`` whose ``prompt`` is that token-id list. Per generated token it takes

@@ -224,3 +224,37 @@ def test_paced_producer_waits_for_the_next_version_and_close_ends_the_wait(
             producer.close()
             with pytest.raises(EngineClosedError):
                 waiting.result(timeout=30)
+
+
+def test_each_scored_batch_brings_its_rollout_metrics_to_the_trainers_log(
+    tmp_path: Path,
+) -> None:
+    """Two batches produced ahead (as with background prefetch), then scored in order: on
+    each ``on_rollouts_scored`` the plugin moves that batch's metrics (``nemo_gym/*``, the
+    numbers of its ``rollouts.jsonl`` line) into the trainer's metrics, which TRL's ``log``
+    averages and reports to every ``report_to``; NaN (no OK rollout) stays out."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    from nemogym_sdk.adapters.axolotl import NemoGymPlugin
+
+    dataset = _dataset(tmp_path, 2)
+    answers = [AGENT_RESPONSE, AGENT_RESPONSE, AGENT_RESPONSE, FAILURE, FAILURE, FAILURE]
+    with agent_server(responses=answers) as agent, AgentClient({"wordle": agent.url}) as client:
+        producer = _producer(client, dataset, 1, tmp_path / "log.jsonl")
+        for step in range(3):
+            producer.rollout_data(global_step=step)
+    plugin = NemoGymPlugin()
+    plugin.producer = producer
+    trainer = SimpleNamespace(_metrics={"train": defaultdict(list), "eval": defaultdict(list)})
+    store = trainer._metrics["train"]
+    plugin.on_rollouts_scored({}, trainer, [], [], {}, [])
+    assert store["nemo_gym/ok_fraction"] == [1.0] and "nemo_gym/failures/agent_error" not in store
+    for _ in range(3):  # the third call finds nothing left
+        plugin.on_rollouts_scored({}, trainer, [], [], {}, [])
+    lines = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert store["nemo_gym/ok_fraction"] == [line["ok_fraction"] for line in lines] == [1, 0.5, 0]
+    assert store["nemo_gym/failures/agent_error"] == [1.0, 2.0]
+    assert store["nemo_gym/turns_mean"] == [line["turns_mean"] for line in lines]
+    assert len(store["nemo_gym/reward_mean"]) == 2  # the last batch's is NaN: left out
+    assert not trainer._metrics["eval"]

@@ -122,6 +122,9 @@ def _check_run(output: str, out: Path, models: list[Any]) -> list[dict[str, Any]
     for log in logs:
         assert float(log["grad_norm"]) > 0
         assert 0.0 < float(log["rewards/nemo_gym_env_reward/mean"]) < 1.0
+        # the plugin's rollout metrics, in the trainer's own log (what report_to receives)
+        assert float(log["nemo_gym/ok_fraction"]) == 1.0  # printed as strings
+        assert float(log["nemo_gym/turns_mean"]) == 3.0
 
     rollouts = _jsonl(out / "nemo_gym" / "rollouts.jsonl")
     print("rollouts:", rollouts)
@@ -162,14 +165,31 @@ def test_axolotl_trains_asynchronously_from_the_rollout_engine(tmp_path: Path) -
     versions); some batches were sampled one version behind the learner, none more, and
     every turn's version came back from the sampler."""
     config = tmp_path / "async.yaml"
-    config.write_text(EXAMPLE.read_text() + "\nnemo_gym_max_staleness: 1\n")
+    config.write_text(EXAMPLE.read_text() + "\nnemo_gym_max_staleness: 1\nuse_tensorboard: true\n")
     output, out, models = _train(tmp_path, config, versions=3)
     rollouts = _check_run(output, out, models)
+    _check_tensorboard(out, rollouts)
     assert json.loads((out / "nemo_gym" / "startup.json").read_text())["max_staleness"] == 1
     for line in rollouts:
         assert set(line["staleness"]) <= {"0", "1"}, line["staleness"]
         assert line["engine_group_age_max"] <= 1
     assert any(line["staleness"].get("1", 0) > 0 for line in rollouts)
+
+
+def _check_tensorboard(out: Path, rollouts: list[dict[str, Any]]) -> None:
+    """``use_tensorboard: true``: the rollout metrics reach TensorBoard's event file
+    through the trainer's log, one value per step, each batch's own (float32)."""
+    try:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    except ImportError:
+        absent("tensorboard is not installed here (pip install 'nemogym-sdk[trackers]')")
+    (run_dir,) = (out / "runs").iterdir()
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    read = events.Scalars("train/nemo_gym/staleness_mean")
+    assert [e.step for e in read] == list(range(1, STEPS + 1))
+    want = [line["staleness_mean"] for line in rollouts]
+    assert [e.value for e in read] == pytest.approx(want, rel=1e-6)
 
 
 def test_plugin_matches_axolotls_plugin_protocol() -> None:

@@ -72,3 +72,19 @@ def test_properties_need_a_started_stack(tmp_path: Path) -> None:
     assert "not started" in repr(stack)
     with pytest.raises(ValueError, match="sequence of names"):
         GymStack("toy", PolicyModel(base_url="http://x/v1", model="m"), venv=venv)
+
+
+def test_a_resolver_worker_that_exited_is_closed_when_it_is_replaced(tmp_path: Path) -> None:
+    """The NeMo Gym config resolver's worker ends by itself when idle; the next use starts
+    another and closes the old one's pipes and log (left to the garbage collector, they
+    raised a ResourceWarning in whatever test ran then)."""
+    from nemogym_sdk.gym import resolve
+
+    venv = make_venv(tmp_path / "venv")
+    first = resolve._worker(venv)
+    first._process.kill()
+    first._process.wait()
+    second = resolve._worker(venv)
+    assert second is not first and second._process.poll() is None
+    assert first._process.stdout is not None and first._process.stdout.closed
+    assert first._log.closed

@@ -10,7 +10,6 @@ tool outputs and observations NeMo Gym reported between those model turns.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -304,37 +303,3 @@ def test_reward_function_discovers_through_the_head(stack: GymStack) -> None:
     # the unknown server's 0.0 is counted as unscored; the real 0.0 is a score
     assert verify_stats.unscored - unscored_before == 1
     assert verify_stats.scored - scored_before == 2
-
-
-def test_readme_example_runs(stack: GymStack, tmp_path: Any) -> None:
-    """The README's discover-run-collate example runs against this stack (smaller sizes)."""
-    import re
-    from pathlib import Path
-
-    from nemogym_sdk.serve import build_tiny_tokenizer
-
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    code = re.search(r"## Use\n.*?```python\n(.*?)```", readme, re.DOTALL)
-    assert code is not None
-    environment = "example_single_tool_call"
-    data = tmp_path / "train.jsonl"  # its shipped rows, each naming its agent
-    agent_ref = {"type": "responses_api_agents", "name": stack.environment(environment).agent}
-    data.write_text(
-        "".join(
-            json.dumps(row | {"agent_ref": agent_ref}) + "\n"
-            for row in stack.example_rows(environment)
-        )
-    )
-    source = (
-        code.group(1)
-        .replace("127.0.0.1:11000", head_url(stack))
-        .replace("data/train.jsonl", str(data))
-        .replace('"cuda"', '"cpu"')
-        .replace("max_samples=64", "max_samples=2")  # sizes only: keep the CPU run short
-        .replace("num_generations=8", "num_generations=2")
-    )
-    namespace: dict[str, Any] = {"tokenizer": build_tiny_tokenizer()}
-    exec(compile(source, "README.md", "exec"), namespace)
-    assert namespace["ok"].all()
-    assert len(namespace["batch"]) == 2 * 2
-    assert namespace["tensors"]["completion_ids"].shape[0] == 4

@@ -73,8 +73,9 @@ def test_trainer_runs_checkpoints_and_resumes(gym_venv: object, tmp_path: Path) 
     train(out, "--steps", "6", "--rows-per-step", "2", "--checkpoint-every", "2", "--resume")
     resumed = metrics(out)
     assert [s["step"] for s in resumed] == [0, 1, 2, 3, 4, 5]
-    # a new process publishes the loaded adapter as its version 0, then one per step
-    assert [s["adapter_version"] for s in resumed[4:]] == [1, 2]
+    # the new process publishes the checkpoint's adapter as the version it had (4), then
+    # one per step: the sampler sees the sequence of a run that never stopped
+    assert [s["adapter_version"] for s in resumed] == [1, 2, 3, 4, 5, 6]
     assert all(s["mismatch_max"] < MISMATCH_MAX for s in resumed[4:])
     summary = json.loads((out / "summary.json").read_text())
     assert summary["curve"] == [s["reward_mean"] for s in resumed]
@@ -117,8 +118,8 @@ def test_a_sharded_two_rank_run_resumes_in_one_process(gym_venv: object, tmp_pat
     """torchrun with 2 processes and ``--fsdp`` (the policy sharded over both, gloo): the
     adapter each step publishes is gathered in full (the mismatch stays at the fp32 bound);
     its checkpoint holds the full adapter and optimizer state, so one process without
-    sharding resumes it and continues the step numbering (its new sampler counts adapter
-    versions from 0 again, the checkpoint's adapter being version 0)."""
+    sharding resumes it and continues the step numbering and the adapter versions (its new
+    sampler gets the checkpoint's adapter as version 2)."""
     import socket
 
     with socket.socket() as probe:
@@ -133,7 +134,7 @@ def test_a_sharded_two_rank_run_resumes_in_one_process(gym_venv: object, tmp_pat
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     train(out, "--steps", "3", "--rows-per-step", "2", "--resume")
     steps = metrics(out)
-    assert [(s["step"], s["adapter_version"]) for s in steps] == [(0, 1), (1, 2), (2, 1)]
+    assert [(s["step"], s["adapter_version"]) for s in steps] == [(0, 1), (1, 2), (2, 3)]
     assert all(s["mismatch_max"] < MISMATCH_MAX and s["failures"] == {} for s in steps)
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from nemogym_sdk.gym import SDK_ENVS_DIR
+from tests.require import absent
 
 pytest.importorskip("trl")
 torch = pytest.importorskip("torch")
@@ -95,12 +96,16 @@ def test_grpo_trainer_on_real_nemo_gym(gym_venv: object, tmp_path: Path) -> None
       OK rollouts' mean (not diluted by zeros), and TRL gives them advantage 0;
     - the served adapter version is 0 before training and advances by one every step;
     - a gradient probe of TRL's loss: exactly zero gradient reaches the logits of
-      environment tokens, while policy tokens get gradient.
+      environment tokens, while policy tokens get gradient;
+    - with ``report_to=["tensorboard"]`` the SDK's ``nemo_gym/*`` rollout metrics reach
+      TensorBoard's event file through TRL's own log, equal to what TRL logged.
     """
     example = load_example()
     out = tmp_path / "run"
     train = tmp_path / "train.jsonl"
     argv = ["--steps", "3", "--rows-per-step", "2", "--num-generations", str(GENERATIONS)]
+    tensorboard = importlib.util.find_spec("tensorboard") is not None
+    argv += ["--report-to", "tensorboard" if tensorboard else "none"]
     args = example.parse_args([*argv, "--out", str(out), "--train-file", str(train)])
     with example.servers(args) as env:
         write_rows(SDK_ENVS_DIR / "target_chars" / "data" / "train.jsonl", train)
@@ -158,6 +163,20 @@ def test_grpo_trainer_on_real_nemo_gym(gym_venv: object, tmp_path: Path) -> None
             assert env_tokens.sum() > 0 and policy_tokens.sum() > 0
             assert float(per_token[env_tokens].max()) == 0.0
             assert float(per_token[policy_tokens].max()) > 0.0
+
+    # --- report_to: the SDK's metrics through TRL's log, in TensorBoard's event file ---------
+    if not tensorboard:
+        absent("tensorboard is not installed (pip install 'nemogym-sdk[trackers]')")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (run_dir,) = (out / "trainer" / "runs").iterdir()
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    read = events.Scalars("train/nemo_gym/ok_fraction")
+    assert [e.step for e in read] == [1, 2, 3]
+    for event, log in zip(read, logged, strict=True):
+        assert event.value == pytest.approx(log["nemo_gym/ok_fraction"], rel=1e-6)
+    assert "train/nemo_gym/failures/agent_error" in events.Tags()["scalars"]
 
 
 def test_example_script_runs(gym_venv: object, tmp_path: Path) -> None:

@@ -79,7 +79,7 @@ def test_missing_extra_raises_an_actionable_import_error(monkeypatch: pytest.Mon
         return None if name == "transformers" else real(name, *args)
 
     monkeypatch.setattr(importlib.util, "find_spec", fake)
-    with pytest.raises(ImportError, match=re.escape("pip install nemogym-sdk[serve]")) as caught:
+    with pytest.raises(ImportError, match=re.escape("pip install 'nemogym-sdk[serve]'")) as caught:
         require_serve_deps()
     assert "transformers" in str(caught.value)
 

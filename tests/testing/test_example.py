@@ -45,7 +45,8 @@ def test_the_docs_two_line_wiring_runs_and_catches_a_bug() -> None:
 
     from tests.testing import planted
 
-    assert f"```python\n{TWO_LINES}```" in (ROOT / "docs" / "testing.md").read_text()
+    # the block defines a stand-in ``parse`` first (tests/docs runs it as a script)
+    assert f"\n\n{TWO_LINES}```" in (ROOT / "docs" / "testing.md").read_text()
     previous = settings.get_current_profile_name()
     settings.register_profile("two-lines", settings(settings.default, max_examples=10))
     settings.load_profile("two-lines")

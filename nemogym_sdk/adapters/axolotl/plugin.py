@@ -160,6 +160,8 @@ class NemoGymPlugin(AxolotlPluginHooks):
         """The validated settings, once a hook after ``register`` has read them."""
         self.directory: ServerDirectory | None = None
         """The deployment discovery found, once ``post_trainer_create`` has run."""
+        self.producer: Any = None
+        """Agent mode: the ``NemoGymDataProducer`` given to the trainer."""
         self._closers: list[Any] = []
 
     # --- configuration ----------------------------------------------------------------------
@@ -245,6 +247,7 @@ class NemoGymPlugin(AxolotlPluginHooks):
         from nemogym_sdk.lora.callback import LoraSyncCallback
 
         producer = _data_producer(settings, directory, trainer, output_dir)
+        self.producer = producer
         self._closers.append(producer)
         # axolotl 0.19's deferred scoring reads trainer.eos_token_id / trainer.pad_token_id,
         # which TRL's GRPOTrainer stopped defining (TRL 1.9 keeps them on its tokenizer):
@@ -291,6 +294,26 @@ class NemoGymPlugin(AxolotlPluginHooks):
             verifier, resources_server=settings.resources_server, impute=deferred
         )
         self._closers.append(nemo_gym_verify_reward)
+
+    def on_rollouts_scored(
+        self,
+        cfg: Any,
+        trainer: Any,
+        prompts: list[str],
+        completions: list[str],
+        rewards: dict[str, list[float]],
+        advantages: list[float],
+    ) -> None:
+        """After axolotl scored a batch (main process, main thread): that batch's rollout
+        metrics (``nemo_gym/ok_fraction``, ``nemo_gym/failures/<status>``, staleness, ...)
+        join the trainer's own metrics, which its ``log`` averages per logging step and
+        sends wherever ``report_to`` points (``use_tensorboard``, ``use_wandb``, ...)."""
+        store = getattr(trainer, "_metrics", {}).get("train")
+        if self.producer is None or store is None:
+            return
+        for name, value in self.producer.take_metrics().items():
+            if value == value:  # NaN (no OK rollout) stays out of the running means
+                store[name].append(value)
 
     # --- end --------------------------------------------------------------------------------
 

@@ -62,7 +62,7 @@ from nemogym_sdk.adapters.axolotl.rewards import ENV_REWARD_COLUMN, GROUP_COLUMN
 from nemogym_sdk.adapters.axolotl.schedule import GroupSchedule
 from nemogym_sdk.client import AgentClient
 from nemogym_sdk.collate import collate
-from nemogym_sdk.metrics import RolloutStats
+from nemogym_sdk.metrics import RolloutStats, scalars
 from nemogym_sdk.records import ParseOptions, Rollout
 from nemogym_sdk.rollout_engine import RolloutEngine
 
@@ -105,7 +105,7 @@ class NemoGymDataProducer:
         max_completion_length: completions longer than this are cut (and marked truncated).
         mask_truncated_completions: leave truncated rollouts out of the loss.
         log_path: a JSON line per call (statuses, rewards, turns, agents, staleness) on the
-            main process.
+            main process; the same numbers wait in ``take_metrics`` for the trainer's log.
         pacing: play asynchronously through a ``RolloutEngine`` (see the module doc);
             None plays each batch when asked.
     """
@@ -143,6 +143,7 @@ class NemoGymDataProducer:
         self._first_step: int | None = None  # global step of the first call: version 0
         self._engine_records: list[dict[str, Any]] = []
         self._engine_metrics: dict[str, float] = {}
+        self._pending_metrics: collections.deque[dict[str, float]] = collections.deque()
 
     # --- the axolotl protocol ---------------------------------------------------------------
 
@@ -185,6 +186,16 @@ class NemoGymDataProducer:
 
     def on_rollout_end(self, dataset: Any, global_step: int) -> None:
         """axolotl lifecycle hook (nothing to do)."""
+
+    def take_metrics(self) -> dict[str, float]:
+        """The rollout metrics (``nemo_gym/<name>``, flat) of the oldest logged batch not
+        taken yet, or ``{}``. The trainer scores batches in the order they were produced,
+        so taking one per scored batch pairs each batch with its own (``NemoGymPlugin``
+        does, into the trainer's log). Thread-safe: a background ``produce`` may append."""
+        try:
+            return self._pending_metrics.popleft()
+        except IndexError:
+            return {}
 
     def published(self, version: int) -> None:
         """The sampler serves a new adapter version (``LoraSyncCallback(on_publish=...)``):
@@ -358,6 +369,9 @@ class NemoGymDataProducer:
                 len(rollouts),
                 errors[0],
             )
+        self._pending_metrics.append(
+            scalars({**stats.as_metrics(), **self._engine_metrics}, "nemo_gym/")
+        )
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with self.log_path.open("a") as handle:

@@ -21,7 +21,7 @@ from nemogym_sdk.client import AgentClient
 from nemogym_sdk.collate import collate
 from nemogym_sdk.directory import ServerDirectory
 from nemogym_sdk.errors import ConfigError
-from nemogym_sdk.metrics import RolloutStats
+from nemogym_sdk.metrics import RolloutStats, scalars
 from nemogym_sdk.policy import RetryPolicy, SamplingParams, Timeouts
 from nemogym_sdk.records import DriftPolicy, ParseOptions, Rollout, RolloutRequest, TaskRow
 
@@ -234,12 +234,9 @@ def _log_stats(trainer: Any, stats: RolloutStats) -> None:
     log_metric = getattr(trainer, "_log_metric", None)
     if not callable(log_metric):
         return
-    for name, value in stats.as_metrics().items():
-        if isinstance(value, dict):
-            for status, count in value.items():
-                log_metric(f"nemo_gym/{name}/{status}", float(count))
-        elif value == value:  # NaN (no OK rollout) stays out of TRL's running means
-            log_metric(f"nemo_gym/{name}", float(value))
+    for name, value in scalars(stats.as_metrics(), "nemo_gym/").items():
+        if value == value:  # NaN (no OK rollout) stays out of TRL's running means
+            log_metric(name, value)
 
 
 def to_trl_output(rollouts: Sequence[Rollout]) -> dict[str, list[Any]]:
@@ -295,7 +292,10 @@ def make_rollout_func(
             ``max_completion_length`` (tokens, mask and logprobs together).
         on_drift: what a turn whose prompt does not extend the history does: ``mark``
             (the rollout is unscorable) or ``raise``.
-        timeouts, retry, max_concurrency, seed: passed to ``AgentClient``.
+        timeouts: ``AgentClient``'s connect / per-request / whole-batch deadlines.
+        retry: ``AgentClient``'s retry policy (connection errors, 429 and 5xx).
+        max_concurrency: rollouts in flight at once (``AgentClient``).
+        seed: seed of ``AgentClient``'s backoff jitter.
 
     Sampling parameters come from the trainer's ``GRPOConfig`` at the first call
     (:func:`sampling_from_args`), so the sampler samples what the learner corrects for.

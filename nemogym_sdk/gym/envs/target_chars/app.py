@@ -16,6 +16,7 @@ Runs in NeMo Gym's venv (``python app.py`` with this directory as the working di
 and on ``PYTHONPATH``, which is how ``import rules`` finds the sibling module).
 """
 
+# --8<-- [start:server]  (docs/writing-an-environment.md shows the rest of the file)
 import asyncio
 import random
 from typing import Any
@@ -62,3 +63,4 @@ class TargetCharsEnv(GymnasiumServer):
 
 if __name__ == "__main__":
     TargetCharsEnv.run_webserver()
+# --8<-- [end:server]

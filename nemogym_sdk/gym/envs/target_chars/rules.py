@@ -200,6 +200,7 @@ class StepResult:
     """``round``, ``round_reward``; after the last round also ``round_rewards``."""
 
 
+# --8<-- [start:game-state]  (docs/writing-an-environment.md shows this class)
 @dataclasses.dataclass
 class GameState:
     """One running episode: the task and the round rewards so far (per-session state)."""
@@ -229,6 +230,7 @@ class GameState:
             terminated=terminated,
             info=info,
         )
+        # --8<-- [end:game-state]
 
 
 # ----------------------------------------------------------------------------------- data
