@@ -24,6 +24,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
+from nemogym_sdk import _extras
 from nemogym_sdk.wire import agent_name
 
 if TYPE_CHECKING:
@@ -456,9 +457,7 @@ class Batch:
         try:
             import torch
         except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ImportError(
-                "Batch.to_torch needs torch: pip install 'nemogym-sdk[torch]'"
-            ) from exc
+            raise ImportError(_extras.needs("Batch.to_torch", ["torch"], "torch")) from exc
         out: dict[str, torch.Tensor] = {}
         for name, dtype in _TORCH_DTYPES.items():
             array = getattr(self, name)

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 import logging
 import os
 import sys
@@ -60,6 +59,7 @@ from nemogym_sdk import (
     ServerDirectory,
     TaskRow,
     Timeouts,
+    _extras,
     check_served_name,
     collate,
     compute_advantages,
@@ -407,12 +407,9 @@ _TRAIN_EXTRA = ("torch", "transformers", "tokenizers", "peft", "jinja2", "tqdm",
 
 def _require_train_extra() -> None:
     """Raise ``ConfigError`` naming the ``train`` extra when a module it installs is missing."""
-    missing = [name for name in _TRAIN_EXTRA if importlib.util.find_spec(name) is None]
-    if missing:
-        cpu = " (CPU-only machine: pip install torch==2.13.0 first)" if "torch" in missing else ""
-        raise ConfigError(
-            f"{', '.join(missing)} not installed: pip install 'nemogym-sdk[train]'{cpu}"
-        )
+    absent = _extras.missing(_TRAIN_EXTRA)
+    if absent:
+        raise ConfigError(_extras.needs("the reference trainer", absent, "train"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

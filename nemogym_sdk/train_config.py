@@ -9,7 +9,6 @@ fix it.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -19,6 +18,7 @@ from typing import Any
 import attrs
 import yaml
 
+from nemogym_sdk import _extras
 from nemogym_sdk.devices import parse_device, torch_device
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.grpo import ImportanceSampling, LossType, PolicyLoss
@@ -225,12 +225,10 @@ class TrainConfig:
                 f"report_to: unknown tracker(s) {', '.join(map(repr, unknown))}; choose from "
                 f"{', '.join(TRACKERS)} (comma-separated)"
             )
-        missing = [name for name in self.report_to if importlib.util.find_spec(name) is None]
-        if missing:
-            raise ConfigError(
-                f"report_to: {', '.join(missing)} not installed here; install the trackers "
-                f"extra (pip install 'nemogym-sdk[trackers]') or {' and '.join(missing)} alone"
-            )
+        absent = _extras.missing(self.report_to)
+        if absent:
+            alone = f"or {' and '.join(absent)} alone"
+            raise ConfigError(_extras.needs("report_to", absent, "trackers", instead=alone))
 
     def _check_replicas(self) -> None:
         if not 0 <= self.max_failure_rate <= 1:

@@ -20,7 +20,6 @@ goes on. Each library is imported when its tracker starts.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -31,6 +30,7 @@ from typing import Any, Protocol
 
 import attrs
 
+from nemogym_sdk import _extras
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.metrics import scalars
 from nemogym_sdk.train_config import TrainConfig
@@ -134,12 +134,11 @@ class MlflowTracker:
         uri = os.environ.get("MLFLOW_TRACKING_URI")
         artifacts = None
         if not uri:
-            missing = [m for m in ("sqlalchemy", "alembic") if importlib.util.find_spec(m) is None]
-            if missing:
-                raise ConfigError(
-                    f"mlflow's local SQLite store needs {' and '.join(missing)}: pip install "
-                    "'nemogym-sdk[trackers]' (or set MLFLOW_TRACKING_URI to a tracking server)"
-                )
+            absent = _extras.missing(("sqlalchemy", "alembic"))
+            if absent:
+                server = "or set MLFLOW_TRACKING_URI to a tracking server"
+                store = "mlflow's local SQLite store"
+                raise ConfigError(_extras.needs(store, absent, "trackers", instead=server))
             uri = f"sqlite:///{(out / 'mlflow.db').resolve()}"
             artifacts = (out / "mlartifacts").resolve().as_uri()
         self.client = MlflowClient(uri)

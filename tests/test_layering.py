@@ -5,9 +5,10 @@ its imports is checked against the layers below. They are the design's (DESIGN.m
 2), stated as intended, not read off the imports that happen to exist:
 
 - **core** (pure: records, wire, turns, masks, collate, data, grpo, metrics, hosts, errors,
-  policy, devices, ranks, rollout_groups) imports only the core. It never imports torch, trl, vllm,
-  axolotl, transformers or peft, at module level or in a function, except the two torch
-  bridges the design names: ``Batch.to_torch`` (records) and ``devices.torch_device``.
+  policy, devices, ranks, rollout_groups, ``_extras``) imports only the core. It never
+  imports torch, trl, vllm, axolotl, transformers or peft, at module level or in a
+  function, except the two torch bridges the design names: ``Batch.to_torch`` (records)
+  and ``devices.torch_device``.
 - **io** (the network: ``_aio``, ``_balance``, ``_http``, ``_ready``, ``_session``, directory,
   client, rollout_engine, verify) imports core and io, and never a heavy framework.
 - **lora** (LoRA sync) imports core, io and itself.
@@ -46,6 +47,7 @@ HEAVY = frozenset({"torch", "trl", "vllm", "axolotl", "transformers", "peft"})
 NETWORK = frozenset({"aiohttp", "requests", "yaml"})
 
 CORE_MODULES = (
+    "_extras",
     "collate",
     "data",
     "devices",

@@ -10,14 +10,12 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from nemogym_sdk import _extras
 from nemogym_sdk.errors import ConfigError
 
 __all__ = ["first_nonzero_lora_b", "save_adapter"]
 
-_INSTALL_HINT = (
-    "saving a PEFT adapter needs torch and peft: pip install 'nemogym-sdk[torch]' "
-    "(or save the adapter yourself and publish it with LoraSync.push(path))"
-)
+_YOURSELF = "or save the adapter yourself and publish it with LoraSync.push(path)"
 _B_WEIGHTS = ("lora_B", "lora_embedding_B")
 
 
@@ -25,7 +23,9 @@ def _peft() -> Any:
     try:
         import peft
     except ImportError as exc:
-        raise ImportError(_INSTALL_HINT) from exc
+        absent = _extras.missing(("torch", "peft")) or ["peft"]
+        hint = _extras.needs("saving a PEFT adapter", absent, "torch", instead=_YOURSELF)
+        raise ImportError(hint) from exc
     return peft
 
 

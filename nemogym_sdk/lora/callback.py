@@ -110,10 +110,15 @@ class LoraSyncCallback(TrainerCallback):
         return record.version
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """On the main process: check the served name against ``deployment`` (when given)
+        and publish the starting adapter, unless ``sync`` already holds a version."""
         model = kwargs.get("model")
         ranks.on_main(lambda: self._begin(model), is_main=bool(state.is_world_process_zero))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Publish the adapter the optimizer step made as the next version (main process;
+        with ``log_path``, check it is served and log it), then hand the version to
+        ``on_publish``."""
         model, step = kwargs.get("model"), int(state.global_step)
         version = ranks.on_main(
             lambda: self._publish(model, step), is_main=bool(state.is_world_process_zero)

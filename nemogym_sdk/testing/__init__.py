@@ -22,9 +22,9 @@ from __future__ import annotations
 try:
     import hypothesis  # noqa: F401
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "nemogym_sdk.testing needs Hypothesis: pip install 'nemogym-sdk[testing]'"
-    ) from exc
+    from nemogym_sdk import _extras
+
+    raise ImportError(_extras.needs("nemogym_sdk.testing", ["hypothesis"], "testing")) from exc
 
 from nemogym_sdk.testing.batches import (
     BINARY_OR_GRID,

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
+from nemogym_sdk import _extras
 
-__all__ = ["INSTALL_HINT", "require_axolotl"]
+__all__ = ["PLUGIN", "require_axolotl"]
 
-INSTALL_HINT = "pip install 'nemogym-sdk[axolotl]'"
+PLUGIN = "the NeMo Gym axolotl plugin"
 
 
 def require_axolotl() -> None:
     """Raise ``ImportError`` naming the extra unless axolotl and torch can be imported."""
-    missing = [name for name in ("torch", "axolotl") if importlib.util.find_spec(name) is None]
-    if missing:
-        raise ImportError(
-            f"the NeMo Gym axolotl plugin needs {' and '.join(missing)}: {INSTALL_HINT} "
-            "(on a CPU-only machine install the CPU build of torch first: "
-            "pip install torch==2.13.0)"
-        )
+    absent = _extras.missing(("torch", "axolotl"))
+    if absent:
+        raise ImportError(_extras.needs(PLUGIN, absent, "axolotl"))

@@ -19,6 +19,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from nemogym_sdk import _extras
+from nemogym_sdk.adapters.axolotl._deps import PLUGIN
 from nemogym_sdk.adapters.axolotl.settings import NemoGymSettings
 from nemogym_sdk.data import load_rows
 from nemogym_sdk.errors import DataError
@@ -108,8 +110,5 @@ def build_dataset(settings: NemoGymSettings) -> Dataset:
     try:
         from datasets import Dataset
     except ImportError as exc:  # pragma: no cover - axolotl brings datasets
-        raise ImportError(
-            "the NeMo Gym axolotl plugin needs the datasets package: "
-            "pip install 'nemogym-sdk[axolotl]'"
-        ) from exc
+        raise ImportError(_extras.needs(PLUGIN, ["datasets"], "axolotl")) from exc
     return Dataset.from_list(dataset_records(settings))

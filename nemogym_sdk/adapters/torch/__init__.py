@@ -31,10 +31,10 @@ from __future__ import annotations
 try:
     import torch  # noqa: F401
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "nemogym_sdk.adapters.torch needs PyTorch and peft: pip install 'nemogym-sdk[torch]' "
-        "(on a CPU-only machine install the CPU build first: pip install torch==2.13.0)"
-    ) from exc
+    from nemogym_sdk import _extras
+
+    absent = _extras.missing(("torch", "peft")) or ["torch"]
+    raise ImportError(_extras.needs("nemogym_sdk.adapters.torch", absent, "torch")) from exc
 
 from nemogym_sdk.adapters.torch._dist import all_gather_array
 from nemogym_sdk.adapters.torch.logprobs import learner_processing, token_logprobs

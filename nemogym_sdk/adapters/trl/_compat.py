@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from types import ModuleType
 
+from nemogym_sdk import _extras
 from nemogym_sdk.errors import NemoGymError
 
 __all__ = [
@@ -25,7 +26,7 @@ changed between minors before, so a new major is refused rather than guessed at.
 TESTED_TRL = "1.16.0"
 """The release the CI run trains with."""
 
-_INSTALL_HINT = "pip install 'nemogym-sdk[trl]'"
+_INSTALL_HINT = _extras.install("trl")
 
 
 class UnsupportedTRLError(NemoGymError, ImportError):
