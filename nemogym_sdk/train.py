@@ -11,7 +11,9 @@ trained on rollouts that NeMo Gym's agents play; the sampler (``nemogym_sdk.serv
 vLLM behind it) serves the adapter by name and gets every new version after each step.
 Top to bottom:
 
-    0. config        TrainConfig from the file and the flags (nemogym_sdk.train_config)
+    0. config        TrainConfig from the file and the flags (nemogym_sdk.train_config);
+                     environment names, the training rows and their lengths are checked
+                     before any server starts
     1. processes     one, or several under torchrun (NCCL on GPUs, gloo on CPUs); rank 0
                      owns the servers (nemogym_sdk.train_learner)
     2. model         the base model + a LoRA adapter (peft), tokenizer, on ``device``; after
@@ -20,8 +22,8 @@ Top to bottom:
                      vllm-router), or attach (nemogym_sdk.train_sampler)
     4. environments  start NeMo Gym (GymStack, or NeMo Gym's own launcher), or attach to one
                      or several deployments through their head servers
-    5. checks        served name = adapter name, prompt + completion fit max_model_len,
-                     (async) the sampler keeps max_staleness + 2 adapter versions
+    5. checks        served name = adapter name, (async) the sampler keeps
+                     max_staleness + 2 adapter versions
     6. loop          rollouts -> collate -> advantages -> train_step -> LoRA sync; the
                      rollouts come synchronously or from the RolloutEngine
                      (nemogym_sdk.train_play)
@@ -111,11 +113,28 @@ logger = logging.getLogger(__name__)
 # --- 4. environments ----------------------------------------------------------------------
 
 
+def training_file(config: TrainConfig) -> str:
+    """The training rows' file, found before anything starts, with every environment name
+    checked: ``train_file``, else the first environment's ``train`` data (its example rows
+    when its config names none), as NeMo Gym's parser resolves the config."""
+    if config.head_url:
+        if config.train_file is None:
+            raise ConfigError("attaching through head_url needs train_file (NeMo Gym JSONL rows)")
+        return config.train_file
+    from nemogym_sdk.gym import PolicyModel, build_stack_config, find_gym_venv
+
+    unstarted = PolicyModel(base_url="http://127.0.0.1:9/v1", model=config.adapter_name)
+    env_path = config.env_path or None  # None: $NEMOGYM_ENV_PATH
+    resolved = build_stack_config(
+        find_gym_venv(), config.environments, unstarted, env_path=env_path
+    )
+    first = resolved.environment(config.environments[0])
+    return config.train_file or str(first.train_path or first.example_path)
+
+
 @contextlib.contextmanager
-def environments(
-    config: TrainConfig, base_url: str, out: Path
-) -> Iterator[tuple[list[ServerDirectory], str]]:
-    """The deployments the agents run in and the training file; checks the served name.
+def environments(config: TrainConfig, base_url: str, out: Path) -> Iterator[list[ServerDirectory]]:
+    """The deployments the agents run in; checks the served name.
 
     Attached through head servers (``head_url``), or started here by ``GymStack`` or NeMo
     Gym's own launcher (``launcher``)."""
@@ -123,9 +142,7 @@ def environments(
         deployments = [ServerDirectory.from_head(head, wait=60) for head in config.head_url]
         for deployment in deployments:
             check_served_name(deployment, config.adapter_name, backend_url=base_url)
-        if config.train_file is None:
-            raise ConfigError("attaching through head_url needs train_file (NeMo Gym JSONL rows)")
-        yield deployments, config.train_file
+        yield deployments
         return
     from nemogym_sdk.gym import GymLauncher, GymStack, PolicyModel
 
@@ -138,23 +155,21 @@ def environments(
     )
     with started:
         check_served_name(started.directory, config.adapter_name, backend_url=base_url)
-        first = started.config.environment(config.environments[0])
-        train = config.train_file or first.train_path or first.example_path
-        yield [started.directory], str(train)
+        yield [started.directory]
 
 
 @contextlib.contextmanager
 def servers(
     config: TrainConfig, out: Path, device: str, model: Any, first_version: int = 0
-) -> Iterator[tuple[list[ServerDirectory], str, LoraSync | None]]:
+) -> Iterator[tuple[list[ServerDirectory], LoraSync | None]]:
     """Rank 0 starts the sampler and the environments and publishes the first adapter
     version (``first_version``: the steps a resumed run's checkpoint holds, so the versions
-    go on where they were); every rank gets the deployments and the training file (the
-    ``LoraSync`` only rank 0)."""
+    go on where they were); every rank gets the deployments (the ``LoraSync`` only rank
+    0)."""
     with contextlib.ExitStack() as started:
         syncs: list[LoraSync] = []
 
-        def start() -> tuple[list[ServerDirectory], str]:
+        def start() -> list[ServerDirectory]:
             base_url = started.enter_context(sampler(config, out, device))
             found = started.enter_context(environments(config, base_url, out))
             sync = started.enter_context(
@@ -171,8 +186,8 @@ def servers(
             syncs.append(sync)
             return found
 
-        deployments, train_file = ranks.on_main(start)
-        yield deployments, train_file, (syncs[0] if syncs else None)
+        deployments = ranks.on_main(start)
+        yield deployments, (syncs[0] if syncs else None)
 
 
 # --- 5. checks ----------------------------------------------------------------------------
@@ -347,7 +362,10 @@ def run(config: TrainConfig, *, signals: StopSignals | None = None) -> dict[str,
     check_out(out)  # before anything starts
     device = resolve_device(config, int(os.environ.get("LOCAL_RANK", "0")), world)
     rank, world = setup_processes(device)
+    # what can be checked without a server is checked before any starts
+    rows = load_rows(ranks.on_main(functools.partial(training_file, config)), seed=config.seed)
     model, tokenizer = build_policy(config, device)
+    check_lengths(rows, tokenizer, config)
     setup = Setup.of(config, device, tokenizer)
     resumed_from = resume_point(out) if config.resume else None
     start, curve = load_adapter_checkpoint(model, resumed_from) if resumed_from else (0, [])
@@ -355,7 +373,7 @@ def run(config: TrainConfig, *, signals: StopSignals | None = None) -> dict[str,
     done = Done(out=out, steps=start, saved=start)
     leftover: dict[str, Any] = {}
     with (
-        servers(config, out, setup.device, model, start) as (deployments, train_file, sync),
+        servers(config, out, setup.device, model, start) as (deployments, sync),
         AgentClient(
             deployments,
             sampling=setup.sampling,
@@ -368,8 +386,6 @@ def run(config: TrainConfig, *, signals: StopSignals | None = None) -> dict[str,
         if sync is not None:  # a sampler that stops answering stops the run
             closing.enter_context(SamplerWatch(openai_url(sync.base_url), signals))
         optimizer = prepare(model, config, resumed_from, world)  # sharded after version 0
-        rows = load_rows(train_file, seed=config.seed)
-        check_lengths(rows, tokenizer, config)
         eos = int(tokenizer.eos_token_id)
         source = closing.enter_context(play(config, client, rows, start, eos, resumed, leftover))
         try:

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from nemogym_sdk.gym import (
     CATALOGUE,
     SDK_ENVIRONMENTS,
+    GymStack,
     GymVenv,
     GymVenvNotFoundError,
     PolicyModel,
@@ -29,7 +31,8 @@ from nemogym_sdk.gym import (
 from nemogym_sdk.gym.resolve import resolve_each
 from tests.require import absent
 
-from .stacks import StackFactory
+from .deployment import ToyDeployment, sampler_args
+from .stacks import READY_TIMEOUT_S, StackFactory
 
 BACKEND_URL_ENV_VAR = "NEMOGYM_TEST_BACKEND_URL"
 RESOLVED_UP_FRONT = (
@@ -70,6 +73,36 @@ def backend(gym_venv: GymVenv, tmp_path_factory: pytest.TempPathFactory) -> Iter
     log_path = tmp_path_factory.mktemp("backend") / "serve.log"
     with start_serve(mode="scripted", logprobs_mode="raw_logprobs", log_path=log_path) as served:
         yield served.policy_model()
+
+
+@pytest.fixture(scope="session")
+def toy_deployment(
+    gym_venv: GymVenv, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ToyDeployment]:
+    """The sampler ``nemogym-train`` would start and ``target_chars`` with its head server,
+    once per session, for the trainer runs that attach (``tests/gym/deployment.py``)."""
+    root = tmp_path_factory.mktemp("toy-deployment")
+    with start_serve(
+        mode="sample",
+        logprobs_mode="processed_logprobs",
+        seed=0,
+        extra_args=sampler_args(),
+        log_path=root / "serve.log",
+    ) as sampler:
+        policy = sampler.policy_model("policy")  # the trainer's adapter name
+        stack = GymStack(
+            ["target_chars"],
+            policy,
+            venv=gym_venv,
+            head_server=True,
+            workdir=root / "gym",
+            ready_timeout=READY_TIMEOUT_S,
+        )
+        with stack:
+            env = stack.config.environment("target_chars")
+            train_file = env.train_path or env.example_path
+            assert train_file is not None
+            yield ToyDeployment(sampler, stack, Path(train_file))
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,11 @@
 """nemogym-train (``python -m nemogym_sdk.train``) end to end through real NeMo Gym, as a user
 runs it: the transformers backend here; the vLLM backend's run is in ``tests/vllm``.
 
+Runs that look at what the trainer learns, logs and checkpoints attach to the session's toy
+deployment (``toy_deployment``: a sampler and ``target_chars`` behind a head server); the
+runs that start their own servers are NeMo Gym's launcher here and the fault tests
+(``test_train_faults.py``), which watch the trainer start and stop them.
+
 The logprob-mismatch bound is the one ``tests/gym/test_training.py`` justifies (same fp32
 weights and processed distribution on both sides; only the summation order differs).
 """
@@ -19,10 +24,14 @@ import pytest
 
 from nemogym_sdk.train_config import TrainConfig, resolve_device
 
+from .deployment import ToyDeployment
+
 pytestmark = [pytest.mark.gym, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 MISMATCH_MAX = 1e-4
+SMALL = ("--rows-per-step", "2", "--num-generations", "4")
+"""A smoke run's steps: 2 groups of 4 rollouts."""
 AUTO_DEVICE = resolve_device(TrainConfig())
 """What ``device: auto`` resolves to here: ``cpu`` on the CPU box, ``cuda`` with a GPU."""
 
@@ -39,18 +48,21 @@ def metrics(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_trainer_runs_checkpoints_and_resumes(gym_venv: object, tmp_path: Path) -> None:
+def test_trainer_runs_checkpoints_and_resumes(
+    toy_deployment: ToyDeployment, tmp_path: Path
+) -> None:
     """4 steps, then --resume to 6: every step's rollouts are OK and 3 turns long, the adapter
     version advances by one per step, sampler and learner agree to < 1e-4, checkpoints land
     every 2 steps, and the resumed run appends steps 4 and 5 to the same metrics and curve."""
     out = tmp_path / "run"
-    done = train(out, "--steps", "4", "--rows-per-step", "2", "--checkpoint-every", "2")
+    attach = (*toy_deployment.flags, *SMALL, "--checkpoint-every", "2")
+    done = train(out, *attach, "--steps", "4")
     assert "metrics" in done.stdout and "reward_curve.png" in done.stdout
     steps = metrics(out)
     assert [s["step"] for s in steps] == [0, 1, 2, 3]
     for step in steps:
         assert step["adapter_version"] == step["step"] + 1
-        assert step["failures"] == {} and step["rollouts"] == 16 and step["turns_mean"] == 3.0
+        assert step["failures"] == {} and step["rollouts"] == 8 and step["turns_mean"] == 3.0
         assert step["mismatch_max"] < MISMATCH_MAX, step
         assert step["policy_tokens"] > 0 and step["env_tokens"] > 0
         assert step["device"] == AUTO_DEVICE
@@ -66,11 +78,11 @@ def test_trainer_runs_checkpoints_and_resumes(gym_venv: object, tmp_path: Path) 
         text=True,
         check=True,
     ).stdout
-    assert f"device {AUTO_DEVICE}; 16 rollouts per step; medians of 3 of 4 steps" in breakdown
+    assert f"device {AUTO_DEVICE}; 8 rollouts per step; medians of 3 of 4 steps" in breakdown
     for phase in ("rollout", "collate", "learner", "sync"):
         assert re.search(rf"^{re.escape(phase)} +\d+\.\d{{3}} +\d+\.\d%$", breakdown, re.M)
 
-    train(out, "--steps", "6", "--rows-per-step", "2", "--checkpoint-every", "2", "--resume")
+    train(out, *attach, "--steps", "6", "--resume")
     resumed = metrics(out)
     assert [s["step"] for s in resumed] == [0, 1, 2, 3, 4, 5]
     # the new process publishes the checkpoint's adapter as the version it had (4), then
@@ -82,11 +94,13 @@ def test_trainer_runs_checkpoints_and_resumes(gym_venv: object, tmp_path: Path) 
     assert summary["checkpoint"].endswith("step_000006")
 
 
-def test_prefetch_plays_the_next_step_during_training(gym_venv: object, tmp_path: Path) -> None:
+def test_prefetch_plays_the_next_step_during_training(
+    toy_deployment: ToyDeployment, tmp_path: Path
+) -> None:
     """With --prefetch the next step's rollouts sample the adapter one version behind; the run
     completes and the mismatch it reports is the policy's one-step change (no longer ~1e-5)."""
     out = tmp_path / "run"
-    train(out, "--steps", "3", "--rows-per-step", "2", "--prefetch")
+    train(out, *toy_deployment.flags, *SMALL, "--steps", "3", "--prefetch")
     steps = metrics(out)
     assert [s["adapter_version"] for s in steps] == [1, 2, 3]
     assert all(s["failures"] == {} for s in steps)
@@ -94,45 +108,43 @@ def test_prefetch_plays_the_next_step_during_training(gym_venv: object, tmp_path
     assert steps[2]["mismatch_max"] > MISMATCH_MAX  # step 2's rollouts came from version 1
 
 
-def test_two_ranks_share_the_groups_and_rank_0_syncs(gym_venv: object, tmp_path: Path) -> None:
-    """torchrun with 2 processes: each plays one of the 2 groups, the metrics count both
-    ranks' 16 rollouts, and the one adapter rank 0 publishes advances every step."""
+def torchrun(out: Path, *flags: str) -> None:
+    """``torchrun --nproc_per_node=2 -m nemogym_sdk.train``, which must exit 0."""
     import socket
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    out = tmp_path / "run"
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
-    argv += ["--master_port", str(port), "-m", "nemogym_sdk.train", "--out", str(out)]
-    argv += ["--steps", "2", "--rows-per-step", "2"]
+    argv += ["--master_port", str(port), "-m", "nemogym_sdk.train", "--out", str(out), *flags]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_two_ranks_share_the_groups_and_rank_0_syncs(
+    toy_deployment: ToyDeployment, tmp_path: Path
+) -> None:
+    """torchrun with 2 processes: each plays one of the 2 groups, the metrics count both
+    ranks' 8 rollouts, and the one adapter rank 0 publishes advances every step."""
+    out = tmp_path / "run"
+    torchrun(out, *toy_deployment.flags, *SMALL, "--steps", "2")
     steps = metrics(out)
-    assert [(s["rollouts"], s["adapter_version"]) for s in steps] == [(16, 1), (16, 2)]
+    assert [(s["rollouts"], s["adapter_version"]) for s in steps] == [(8, 1), (8, 2)]
     assert all(s["mismatch_max"] < MISMATCH_MAX and s["failures"] == {} for s in steps)
 
 
-def test_a_sharded_two_rank_run_resumes_in_one_process(gym_venv: object, tmp_path: Path) -> None:
+def test_a_sharded_two_rank_run_resumes_in_one_process(
+    toy_deployment: ToyDeployment, tmp_path: Path
+) -> None:
     """torchrun with 2 processes and ``--fsdp`` (the policy sharded over both, gloo): the
     adapter each step publishes is gathered in full (the mismatch stays at the fp32 bound);
     its checkpoint holds the full adapter and optimizer state, so one process without
     sharding resumes it and continues the step numbering and the adapter versions (its new
     sampler gets the checkpoint's adapter as version 2)."""
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     out = tmp_path / "run"
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
-    argv += ["--master_port", str(port), "-m", "nemogym_sdk.train", "--out", str(out)]
-    argv += ["--steps", "2", "--rows-per-step", "2", "--fsdp"]
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    train(out, "--steps", "3", "--rows-per-step", "2", "--resume")
+    torchrun(out, *toy_deployment.flags, *SMALL, "--steps", "2", "--fsdp")
+    train(out, *toy_deployment.flags, *SMALL, "--steps", "3", "--resume")
     steps = metrics(out)
     assert [(s["step"], s["adapter_version"]) for s in steps] == [(0, 1), (1, 2), (2, 3)]
     assert all(s["mismatch_max"] < MISMATCH_MAX and s["failures"] == {} for s in steps)
@@ -143,16 +155,17 @@ def test_nemo_gyms_own_launcher_starts_the_environments(gym_venv: object, tmp_pa
     server), the trainer attaches through it, and stopping leaves the launcher's log saying it
     shut its Ray cluster down."""
     out = tmp_path / "run"
-    train(out, "--steps", "2", "--rows-per-step", "2", "--launcher", "gym")
+    train(out, *SMALL, "--steps", "2", "--launcher", "gym")
     steps = metrics(out)
     assert [s["adapter_version"] for s in steps] == [1, 2]
-    assert all(s["failures"] == {} and s["rollouts"] == 16 for s in steps)
+    assert all(s["failures"] == {} and s["rollouts"] == 8 for s in steps)
     log = (out / "gym" / "logs" / "gym.log").read_text()
     assert "Starting `target_chars_agent`" in log and "Shutting down Ray cluster" in log
 
 
 def test_config_errors_say_how_to_fix_them(gym_venv: object, tmp_path: Path) -> None:
-    """Unknown environment, unreachable backend, a context too small: exit 2 with the fix."""
+    """Unknown environment, unreachable backend, a context too small: exit 2 with the fix,
+    before any server started (no sampler log, no NeMo Gym directory)."""
     out = tmp_path / "run"
     done = train(out, "--environments", "no_such_env", expect=2)
     assert "unknown NeMo Gym environment 'no_such_env'" in done.stderr
@@ -160,3 +173,4 @@ def test_config_errors_say_how_to_fix_them(gym_venv: object, tmp_path: Path) -> 
     assert "not reachable" in done.stderr and "start the sampler" in done.stderr
     done = train(out, "--max-model-len", "40", expect=2)
     assert "exceeds max_model_len=40" in done.stderr and "raise max_model_len" in done.stderr
+    assert not (out / "logs" / "serve.log").exists() and not (out / "gym").exists()

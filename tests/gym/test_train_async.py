@@ -1,5 +1,6 @@
 """``nemogym-train --mode async`` end to end through real NeMo Gym (the toy environment
-``target_chars``, the transformers sampler keeping ``max_staleness + 2`` adapter versions).
+``target_chars``, the transformers sampler keeping ``max_staleness + 2`` adapter versions:
+the session's ``toy_deployment``, which keeps 4).
 
 The learning bar is the synchronous run's (``tests/gym/test_training.py``): the last 5 steps'
 mean reward beats the first 5's by at least 0.3. Stale tokens are corrected by importance
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from .deployment import ToyDeployment
 from .test_train import metrics, train
 
 pytestmark = [pytest.mark.gym, pytest.mark.slow]
@@ -22,11 +24,14 @@ pytestmark = [pytest.mark.gym, pytest.mark.slow]
 K = 1
 
 
-def test_async_run_learns_with_bounded_staleness(gym_venv: object, tmp_path: Path) -> None:
+def test_async_run_learns_with_bounded_staleness(
+    toy_deployment: ToyDeployment, tmp_path: Path
+) -> None:
     """16 steps of 4 groups x 8: learns under the synchronous bar; every policy token
     reports its adapter version; its staleness is > 0 for most steps and never above K."""
     out = tmp_path / "run"
-    train(out, "--mode", "async", "--max-staleness", str(K), "--steps", "16")
+    flags = ("--mode", "async", "--max-staleness", str(K), "--steps", "16")
+    train(out, *toy_deployment.flags, *flags)
     steps = metrics(out)
     assert [s["step"] for s in steps] == list(range(16))
     curve = [s["reward_mean"] for s in steps]
@@ -49,12 +54,13 @@ def test_async_run_learns_with_bounded_staleness(gym_venv: object, tmp_path: Pat
 
 
 def test_async_checkpoints_record_untrained_groups_and_resume_plays_them_first(
-    gym_venv: object, tmp_path: Path
+    toy_deployment: ToyDeployment, tmp_path: Path
 ) -> None:
     """4 steps with a checkpoint every 2: the checkpoint lists the groups started but not
     trained; --resume to 6 plays those first and appends steps 4 and 5."""
     out = tmp_path / "run"
-    flags = ("--mode", "async", "--rows-per-step", "2", "--checkpoint-every", "2")
+    flags = (*toy_deployment.flags, "--mode", "async", "--checkpoint-every", "2")
+    flags += ("--rows-per-step", "2", "--num-generations", "4")
     train(out, *flags, "--steps", "4")
     state = json.loads((out / "checkpoints" / "step_000004" / "state.json").read_text())
     engine = state["engine"]

@@ -1,6 +1,8 @@
 """nemogym-train under faults, as a user meets them, through real NeMo Gym: a stop signal,
 a sampler that dies, a NeMo Gym server that dies, a run resumed after each. Each run is a
 process of its own whose servers are counted before the fault and must all be gone after.
+The stops and resumes are one chain (SIGTERM, resume, SIGINT, resume, the sampler killed,
+resume to the end), run once for the module; a test audits each link.
 
 The fault table of ``docs/faults.md`` names these tests."""
 
@@ -16,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
+import psutil
 import pytest
 
 pytestmark = [pytest.mark.gym, pytest.mark.slow]
@@ -55,35 +59,25 @@ def wait_for_steps(out: Path, trainer: subprocess.Popen[str], count: int) -> Non
 def children(pid: int) -> dict[int, str]:
     """Every process under ``pid`` (its servers: each leads its own process group), by PID,
     with its command line and working directory."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(fields[1])
-    found, frontier = {}, [pid]
-    while frontier:
-        parent = frontier.pop()
-        for child, its_parent in parents.items():
-            if its_parent == parent and child not in found:
-                try:
-                    argv = (Path("/proc") / str(child) / "cmdline").read_bytes()
-                    cwd = os.readlink(f"/proc/{child}/cwd")
-                except OSError:
-                    continue
-                found[child] = argv.replace(b"\0", b" ").decode() + f" (in {cwd})"
-                frontier.append(child)
+    found: dict[int, str] = {}
+    try:
+        descendants = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return found
+    for child in descendants:
+        try:
+            found[child.pid] = " ".join(child.cmdline()) + f" (in {child.cwd()})"
+        except psutil.Error:  # gone (or a zombie) since it was listed
+            continue
     return found
 
 
 def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    return state != "Z"
 
 
 def the(processes: dict[int, str], needle: str) -> int:
@@ -111,37 +105,48 @@ def assert_one_sequence(out: Path, steps: int) -> None:
     assert [line["adapter_version"] for line in logged] == list(range(1, steps + 1))
 
 
-def test_sigterm_stops_at_a_step_boundary_and_resume_goes_on(
-    gym_venv: object, tmp_path: Path
-) -> None:
-    """SIGTERM (Slurm, Kubernetes, ``timeout``) after two steps: the trainer stops at a step
-    boundary with a checkpoint there, stops every server it started, exits 143 saying
-    where the checkpoint is; ``--resume`` goes on from it with the same step numbers and
-    adapter versions."""
-    out = tmp_path / "run"
+@attrs.frozen
+class Stop:
+    """How one run of the chain ended: its exit status and stderr, the processes it had
+    started (counted before the fault), the steps logged and the checkpoints then."""
+
+    status: int
+    err: str
+    servers: dict[int, str]
+    steps: int
+    checkpoints: list[str]
+
+    @classmethod
+    def of(cls, trainer: subprocess.Popen[str], servers: dict[int, str], out: Path) -> Stop:
+        status, err = finish(trainer)
+        kept = sorted(p.name for p in (out / "checkpoints").glob("step_*"))
+        return cls(status, err, servers, len(steps_logged(out)), kept)
+
+
+@attrs.frozen
+class Chain:
+    """One run stopped three ways, resumed after each, then finished (see ``chain``)."""
+
+    out: Path
+    sigterm: Stop
+    sigint: Stop
+    dead_sampler: Stop
+    finished: Stop
+
+
+@pytest.fixture(scope="module")
+def chain(gym_venv: object, tmp_path_factory: pytest.TempPathFactory) -> Chain:
+    """One run through the faults a user meets, each followed by ``--resume``: SIGTERM after
+    two steps; Ctrl-C once the resumed run's servers are up; the sampler killed after one
+    more step (a checkpoint every step from there); then two steps more to the end."""
+    out = tmp_path_factory.mktemp("chain") / "run"
     trainer = start(out, "--steps", "50")
     wait_for_steps(out, trainer, 2)
     servers = children(trainer.pid)
     trainer.send_signal(signal.SIGTERM)
-    status, err = finish(trainer)
-    assert status == 128 + signal.SIGTERM, err[-3000:]
-    assert_stopped_cleanly(servers, err)
-    done = len(steps_logged(out))
-    kept = out / "checkpoints" / f"step_{done:06d}"
-    assert done >= 2 and sorted((out / "checkpoints").iterdir()) == [kept]
-    assert f"stopped by SIGTERM; checkpoint {kept}: continue with --resume" in err
+    sigterm = Stop.of(trainer, servers, out)
 
-    status, err = finish(start(out, "--steps", str(done + 2), "--resume"))
-    assert status == 0, err[-3000:]
-    assert_one_sequence(out, done + 2)
-    assert json.loads((out / "summary.json").read_text())["steps"] == done + 2
-
-
-def test_sigint_stops_cleanly_too(gym_venv: object, tmp_path: Path) -> None:
-    """Ctrl-C once the servers are up (the run is playing episodes): the step in play is
-    abandoned, nothing is left running, exit 130, a checkpoint at the steps finished."""
-    out = tmp_path / "run"
-    trainer = start(out, "--steps", "50")
+    trainer = start(out, "--steps", "50", "--resume")
     deadline = time.monotonic() + 300
     while len(children(trainer.pid)) < 5:  # the sampler, a resolver, NeMo Gym's three
         assert trainer.poll() is None and time.monotonic() < deadline
@@ -149,38 +154,57 @@ def test_sigint_stops_cleanly_too(gym_venv: object, tmp_path: Path) -> None:
     time.sleep(3)
     servers = children(trainer.pid)
     trainer.send_signal(signal.SIGINT)
-    status, err = finish(trainer, timeout=120)
-    assert status == 128 + signal.SIGINT, err[-3000:]
-    assert_stopped_cleanly(servers, err)
-    assert "stopped by SIGINT" in err
-    done = len(steps_logged(out))
-    kept = sorted(p.name for p in (out / "checkpoints").glob("*")) if done else []
-    assert kept == ([f"step_{done:06d}"] if done else []), (done, kept)
+    sigint = Stop.of(trainer, servers, out)
 
-
-def test_a_dead_sampler_stops_the_run_and_resume_starts_a_new_one(
-    gym_venv: object, tmp_path: Path
-) -> None:
-    """The sampler is killed after the first step: the run stops with one line that says so,
-    keeps its checkpoint, stops NeMo Gym's servers; ``--resume`` starts a new sampler and
-    finishes the run with one sequence of steps and versions."""
-    out = tmp_path / "run"
-    trainer = start(out, "--steps", "50", "--checkpoint-every", "1")
-    wait_for_steps(out, trainer, 1)
+    trainer = start(out, "--steps", "50", "--resume", "--checkpoint-every", "1")
+    wait_for_steps(out, trainer, sigint.steps + 1)
     servers = children(trainer.pid)
     os.kill(the(servers, "nemogym_sdk.serve"), signal.SIGKILL)
-    status, err = finish(trainer)
-    assert status == 1, err[-3000:]
-    assert_stopped_cleanly(servers, err)
-    last = err.strip().splitlines()[-1]
-    assert "does not answer" in last and "continue with --resume" in last, last
-    done = len(steps_logged(out))
-    assert (out / "checkpoints" / f"step_{done:06d}").is_dir()
+    dead_sampler = Stop.of(trainer, servers, out)
 
-    resumed = start(out, "--steps", str(done + 2), "--resume", "--checkpoint-every", "1")
-    status, err = finish(resumed)
-    assert status == 0, err[-3000:]
-    assert_one_sequence(out, done + 2)
+    steps = str(dead_sampler.steps + 2)
+    finished = Stop.of(start(out, "--steps", steps, "--resume", "--checkpoint-every", "1"), {}, out)
+    return Chain(out, sigterm, sigint, dead_sampler, finished)
+
+
+def test_sigterm_stops_at_a_step_boundary_and_resume_goes_on(chain: Chain) -> None:
+    """SIGTERM (Slurm, Kubernetes, ``timeout``) after two steps: the trainer stops at a step
+    boundary with a checkpoint there, stops every server it started, exits 143 saying
+    where the checkpoint is; ``--resume`` goes on from it with the same step numbers and
+    adapter versions (the chain's last test checks the whole sequence)."""
+    stop = chain.sigterm
+    assert stop.status == 128 + signal.SIGTERM, stop.err[-3000:]
+    assert_stopped_cleanly(stop.servers, stop.err)
+    kept = chain.out / "checkpoints" / f"step_{stop.steps:06d}"
+    assert stop.steps >= 2 and stop.checkpoints == [kept.name]
+    assert f"stopped by SIGTERM; checkpoint {kept}: continue with --resume" in stop.err
+
+
+def test_sigint_stops_cleanly_too(chain: Chain) -> None:
+    """Ctrl-C once the servers are up (the resumed run is playing episodes): the step in
+    play is abandoned, nothing is left running, exit 130, the newest checkpoint at the
+    steps finished."""
+    stop = chain.sigint
+    assert stop.status == 128 + signal.SIGINT, stop.err[-3000:]
+    assert_stopped_cleanly(stop.servers, stop.err)
+    assert "stopped by SIGINT" in stop.err
+    assert stop.steps >= chain.sigterm.steps
+    assert stop.checkpoints[-1] == f"step_{stop.steps:06d}", stop
+
+
+def test_a_dead_sampler_stops_the_run_and_resume_starts_a_new_one(chain: Chain) -> None:
+    """The sampler is killed after a step: the run stops with one line that says so, keeps
+    its checkpoint, stops NeMo Gym's servers; ``--resume`` starts a new sampler and
+    finishes the run with one sequence of steps and versions across every stop."""
+    stop = chain.dead_sampler
+    assert stop.status == 1, stop.err[-3000:]
+    assert_stopped_cleanly(stop.servers, stop.err)
+    last = stop.err.strip().splitlines()[-1]
+    assert "does not answer" in last and "continue with --resume" in last, last
+    assert stop.steps > chain.sigint.steps
+    assert stop.checkpoints[-1] == f"step_{stop.steps:06d}"
+    assert chain.finished.status == 0, chain.finished.err[-3000:]
+    assert_one_sequence(chain.out, stop.steps + 2)
 
 
 @pytest.mark.parametrize("bound", ["0.5", "1"])

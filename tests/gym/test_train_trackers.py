@@ -24,6 +24,8 @@ from tests.test_train_trackers import (
     read_wandb,
 )
 
+from .deployment import ToyDeployment
+
 pytestmark = [
     pytest.mark.gym,
     pytest.mark.slow,
@@ -40,7 +42,7 @@ def train(out: Path, *flags: str, env: dict[str, str]) -> subprocess.CompletedPr
     return done
 
 
-def test_every_tracker_gets_every_metric(gym_venv: object, tmp_path: Path) -> None:
+def test_every_tracker_gets_every_metric(toy_deployment: ToyDeployment, tmp_path: Path) -> None:
     """Two steps with all four trackers, offline defaults (W&B offline in ``out/wandb``,
     MLflow in ``out/mlflow.db``, TensorBoard in ``out/tensorboard``, trackio in its store):
     each holds exactly ``metrics.jsonl``'s numbers at their steps, and the curve at step 1."""
@@ -49,9 +51,8 @@ def test_every_tracker_gets_every_metric(gym_venv: object, tmp_path: Path) -> No
     unset = ("PYTHONDONTWRITEBYTECODE", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME")
     env = {k: v for k, v in os.environ.items() if k not in unset and not k.startswith("WANDB_")}
     env |= {"TRACKIO_DIR": str(store), "MLFLOW_DISABLE_TELEMETRY": "true"}
-    done = train(
-        out, "--steps", "2", "--rows-per-step", "2", "--report-to", ",".join(TRACKERS), env=env
-    )
+    flags = ("--steps", "2", "--rows-per-step", "2", "--num-generations", "4")
+    done = train(out, *toy_deployment.flags, *flags, "--report-to", ",".join(TRACKERS), env=env)
     lines: list[dict[str, Any]] = [
         json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
     ]
