@@ -26,7 +26,7 @@ that defines each class outside this one (a test checks that this drawing lists 
     │   └── NotReadyError                      servers did not become ready in time
     │       └── ServerNotReadyError            gym.errors: one local server, with its log
     ├── EngineClosedError(RuntimeError)        rollout_groups: a step asked of a closed engine
-    ├── RunStoppedError(RuntimeError)          train_faults: nemogym-train stopped the run
+    ├── RunStoppedError(RuntimeError)          train.faults: nemogym-train stopped the run
     ├── ServerStartError(RuntimeError)         gym.errors: a local server exited at start-up
     │   └── RequirementsInstallError           gym.errors: its requirements failed to install
     ├── ServeError                             serve.errors: answered as an OpenAI error body

@@ -129,13 +129,9 @@ def layer(module: str) -> str:
         return "io"
     if first == "logits":
         return "logits"
-    if first == "train_config":
+    if first == "train_config" or module == f"{ROOT}.train.config":
         return "config"
-    if first in ("train", "train_learner", "train_outputs", "train_play", "train_sampler"):
-        return "apps"
-    if first in ("train_checkpoints", "train_faults"):  # its checkpoints and faults
-        return "apps"
-    if first == "train_trackers":  # the reference trainer's --report-to
+    if first == "train":  # the reference trainer
         return "apps"
     if first in PACKAGE_LAYERS:
         return first
@@ -275,7 +271,7 @@ def test_gym_server_scripts_import_no_sdk_module_outside_themselves() -> None:
         ("nemogym_sdk.serve.chat", "from nemogym_sdk.gym import GymStack\n", "(gym)"),
         # the learner needs no server, the trainer's settings no backend, gym no server code
         ("nemogym_sdk.adapters.torch.logprobs", "from nemogym_sdk.serve import X\n", "(serve)"),
-        ("nemogym_sdk.train_config", "from nemogym_sdk.serve.backend import X\n", "(serve)"),
+        ("nemogym_sdk.train.config", "from nemogym_sdk.serve.backend import X\n", "(serve)"),
         ("nemogym_sdk.gym.backends", "def f():\n    from nemogym_sdk.serve import X\n", "(serve)"),
         (
             "nemogym_sdk.adapters.trl.rollout",

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from nemogym_sdk import ConfigError
-from nemogym_sdk.train_config import TrainConfig, parse_config, resolve_device
+from nemogym_sdk.train.config import TrainConfig, parse_config, resolve_device
 
 
 def test_flags_override_the_file(tmp_path: Path) -> None:

@@ -44,7 +44,7 @@ IMPORTANCE_SAMPLING = tuple(str(mode) for mode in ImportanceSampling)
 LOSSES = tuple(str(loss) for loss in LossType)
 """The policy losses (``nemogym_sdk.grpo.LossType``)."""
 TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")
-"""The experiment trackers ``report_to`` may name (``nemogym_sdk.train_trackers``)."""
+"""The experiment trackers ``report_to`` may name (``nemogym_sdk.train.trackers``)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -177,7 +177,7 @@ class TrainConfig:
     report_to: tuple[str, ...] = ()
     """Experiment trackers that get every number of ``metrics.jsonl`` and the reward curve
     (comma-separated): ``tensorboard``, ``wandb``, ``mlflow``, ``trackio``; offline by
-    default (``nemogym_sdk.train_trackers``; ``pip install 'nemogym-sdk[trackers]'``)."""
+    default (``nemogym_sdk.train.trackers``; ``pip install 'nemogym-sdk[trackers]'``)."""
 
     def __attrs_post_init__(self) -> None:
         if self.backend not in BACKENDS:

@@ -24,7 +24,7 @@ import requests
 from nemogym_sdk._http import check, send
 from nemogym_sdk.errors import ConfigError, NemoGymError
 from nemogym_sdk.hosts import openai_url
-from nemogym_sdk.train_config import TrainConfig
+from nemogym_sdk.train.config import TrainConfig
 
 __all__ = ["sampler"]
 
