@@ -92,7 +92,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "adapters.torch": frozenset({"core", "logits", "adapters.torch"}),
     "adapters.trl": frozenset({"core", "io", "lora", "adapters.trl"}),
     "adapters.axolotl": frozenset({"core", "io", "lora", "adapters.axolotl"}),
-    "config": frozenset({"core"}),
+    "config": frozenset({"core", "config"}),
     "apps": frozenset(
         {"core", "io", "lora", "logits", "serve", "gym", "config", "apps"}
         | {f"adapters.{a}" for a in ADAPTERS}
