@@ -42,8 +42,8 @@ that defines each class outside this one (a test checks that this drawing lists 
     └── PropertyCheckError(AssertionError)     testing: a parser failed a property check
 
 Foreign exceptions (aiohttp, requests) are translated at one edge each, with
-``raise ... from exc``: ``nemogym_sdk._aio.post`` for aiohttp and
-``nemogym_sdk._http.send`` for requests. Exceptions keep their context in plain
+``raise ... from exc``: ``nemogym_sdk._net.aio.post`` for aiohttp and
+``nemogym_sdk._net.http.send`` for requests. Exceptions keep their context in plain
 attributes that survive pickling, because rollouts and their errors cross process
 boundaries.
 

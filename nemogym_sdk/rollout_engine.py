@@ -46,7 +46,7 @@ from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any, Self
 
-from nemogym_sdk._aio import BackgroundLoop
+from nemogym_sdk._net.aio import BackgroundLoop
 from nemogym_sdk.client import AgentClient
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.records import ParseOptions, Rollout, RolloutRequest, RolloutStatus, TaskRow

@@ -66,11 +66,7 @@ CORE_PACKAGES = ("grpo", "wire")
 IO = frozenset(
     f"{ROOT}.{name}"
     for name in (
-        "_aio",
-        "_balance",
-        "_http",
-        "_ready",
-        "_session",
+        "_net",
         "client",
         "directory",
         "rollout_engine",
@@ -125,7 +121,7 @@ def layer(module: str) -> str:
     first = parts[1] if len(parts) >= 2 else ""
     if module == ROOT or first in CORE_MODULES or first in CORE_PACKAGES:
         return "core"
-    if module in IO:
+    if module in IO or f"{ROOT}.{first}" in IO:
         return "io"
     if first == "logits":
         return "logits"
@@ -297,7 +293,7 @@ def test_allowed_imports_pass() -> None:
         "if TYPE_CHECKING:\n    import torch\n"
     )
     assert violations("nemogym_sdk.turns", source) == []
-    assert violations("nemogym_sdk.verify", "from nemogym_sdk._session import X\n") == []
+    assert violations("nemogym_sdk.verify", "from nemogym_sdk._net.session import X\n") == []
     assert violations("nemogym_sdk.gym.stack", "from nemogym_sdk.directory import X\n") == []
 
 

@@ -126,7 +126,7 @@ def _base_model_name(base_url: str) -> str:
     """The name the server serves its base model under: the first card of ``/v1/models``."""
     import requests
 
-    from nemogym_sdk._http import check, send
+    from nemogym_sdk._net.http import check, send
 
     with requests.Session() as http:
         url = f"{base_url}/models"

@@ -22,7 +22,7 @@ from typing import Self
 import attrs
 import requests
 
-from nemogym_sdk._ready import answered, poll_ready
+from nemogym_sdk._net.ready import answered, poll_ready
 from nemogym_sdk.gym.errors import ServerNotReadyError, ServerStartError
 
 __all__ = [
@@ -198,7 +198,7 @@ def spawn(
 
 def wait_ready(processes: Sequence[ServerProcess], timeout: float) -> None:
     """Poll every process's health URL until all answer 2xx (the SDK's one poller,
-    ``nemogym_sdk._ready.poll_ready``).
+    ``nemogym_sdk._net.ready.poll_ready``).
 
     Raises :class:`ServerStartError` as soon as one exits, and
     :class:`ServerNotReadyError` naming the first laggard when ``timeout`` passes.

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import requests
 
-from nemogym_sdk._http import check, send
+from nemogym_sdk._net.http import check, send
 from nemogym_sdk.errors import ConfigError, NemoGymError
 from nemogym_sdk.hosts import openai_url
 from nemogym_sdk.train.config import TrainConfig
