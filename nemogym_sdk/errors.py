@@ -24,10 +24,10 @@ that defines each class outside this one (a test checks that this drawing lists 
     │   └── LoraSyncError                      an adapter load/unload was refused or not applied
     ├── DeadlineError(TimeoutError)            a connect, request or total deadline passed
     │   └── NotReadyError                      servers did not become ready in time
-    │       └── ServerNotReadyError            gym.errors: one local server, with its log
+    │       └── ServerNotReadyError            processes.errors: one local server, with its log
     ├── EngineClosedError(RuntimeError)        rollout_groups: a step asked of a closed engine
     ├── RunStoppedError(RuntimeError)          train.faults: nemogym-train stopped the run
-    ├── ServerStartError(RuntimeError)         gym.errors: a local server exited at start-up
+    ├── ServerStartError(RuntimeError)         processes.errors: a local server exited at start-up
     │   └── RequirementsInstallError           gym.errors: its requirements failed to install
     ├── ServeError                             serve.errors: answered as an OpenAI error body
     │   ├── BadRequestError(ValueError)        serve.errors: HTTP 400

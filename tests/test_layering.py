@@ -73,7 +73,7 @@ IO = frozenset(
         "verify",
     )
 )
-PACKAGE_LAYERS = ("lora", "serve", "gym", "testing")
+PACKAGE_LAYERS = ("lora", "serve", "processes", "gym", "testing")
 ADAPTERS = ("axolotl", "torch", "trl")
 
 MAY_IMPORT: dict[str, frozenset[str]] = {
@@ -82,7 +82,8 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "lora": frozenset({"core", "io", "lora"}),
     "logits": frozenset({"core"}),
     "serve": frozenset({"core", "io", "logits", "serve"}),
-    "gym": frozenset({"core", "io", "gym"}),
+    "processes": frozenset({"core", "io", "processes"}),
+    "gym": frozenset({"core", "io", "processes", "gym"}),
     "testing": frozenset({"core", "io", "testing"}),
     "adapters": frozenset({"core"}),
     "adapters.torch": frozenset({"core", "logits", "adapters.torch"}),
@@ -90,7 +91,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "adapters.axolotl": frozenset({"core", "io", "lora", "adapters.axolotl"}),
     "config": frozenset({"core", "config"}),
     "apps": frozenset(
-        {"core", "io", "lora", "logits", "serve", "gym", "config", "apps"}
+        {"core", "io", "lora", "logits", "serve", "processes", "gym", "config", "apps"}
         | {f"adapters.{a}" for a in ADAPTERS}
     ),
 }

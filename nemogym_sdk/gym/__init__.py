@@ -38,13 +38,11 @@ from nemogym_sdk.gym.catalog import (
     EnvironmentInfo,
     describe_environment,
 )
-from nemogym_sdk.gym.config import build_stack_config, free_loopback_ports
+from nemogym_sdk.gym.config import build_stack_config
 from nemogym_sdk.gym.errors import (
     DatasetMissingError,
     GymVenvNotFoundError,
     RequirementsInstallError,
-    ServerNotReadyError,
-    ServerStartError,
     UvNotFoundError,
 )
 from nemogym_sdk.gym.launcher import GymLauncher
@@ -59,7 +57,6 @@ from nemogym_sdk.gym.locate import (
     find_gym_venv,
     locate_environment,
 )
-from nemogym_sdk.gym.process import ProcessGroup, ProcessSpec
 from nemogym_sdk.gym.replicas import SamplerFleet, start_samplers
 from nemogym_sdk.gym.requirements import ServerRequirements, read_server_requirements
 from nemogym_sdk.gym.resolve import ResolvedEnvironment, resolve_environments
@@ -86,6 +83,13 @@ from nemogym_sdk.gym.vllm import (
     default_vllm_venv_path,
     find_vllm_venv,
     start_vllm,
+)
+from nemogym_sdk.processes import (
+    ProcessGroup,
+    ProcessSpec,
+    ServerNotReadyError,
+    ServerStartError,
+    free_loopback_ports,
 )
 
 __all__ = [

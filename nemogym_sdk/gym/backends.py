@@ -23,9 +23,17 @@ from pathlib import Path
 
 import attrs
 
-from nemogym_sdk.gym.config import free_loopback_ports
-from nemogym_sdk.gym.process import ServerProcess, StopOnExit, spawn, stop_all, wait_ready
-from nemogym_sdk.gym.specs import LOOPBACK, PolicyModel
+from nemogym_sdk.gym.specs import PolicyModel
+from nemogym_sdk.processes import (
+    LOOPBACK,
+    ServerProcess,
+    StopOnExit,
+    default_log_path,
+    free_loopback_ports,
+    start_server,
+    stop_all,
+    stopping_on_error,
+)
 
 __all__ = ["BackendProcess", "start_serve"]
 
@@ -103,22 +111,16 @@ def start_serve(
     if served_model_name is not None:
         argv += ["--served-model-name", served_model_name]
     argv += list(extra_args)
-    log = Path(log_path) if log_path is not None else _default_log(port)
-    process = spawn(
+    process = start_server(
         "nemogym_sdk.serve",
         argv,
-        cwd=Path.cwd(),
-        env=os.environ,
-        log_path=log,
+        log_path=Path(log_path) if log_path is not None else default_log_path("serve", port),
         health_url=f"http://{LOOPBACK}:{port}/health",
+        ready_timeout=ready_timeout,
     )
     base_url = f"http://{LOOPBACK}:{port}/v1"
-    try:
-        wait_ready([process], ready_timeout)
+    with stopping_on_error(process):
         served = served_model_name or _base_model_name(base_url)
-    except BaseException:
-        stop_all([process], grace=5.0)
-        raise
     return BackendProcess(process=process, base_url=base_url, served_model_name=served)
 
 
@@ -132,9 +134,3 @@ def _base_model_name(base_url: str) -> str:
         url = f"{base_url}/models"
         answer = check(send(http, "GET", url, timeout=10.0), f"GET {url}")
     return str(answer.json()["data"][0]["id"])
-
-
-def _default_log(port: int) -> Path:
-    import tempfile
-
-    return Path(tempfile.gettempdir()) / f"nemogym-serve-{port}-{os.getpid()}.log"

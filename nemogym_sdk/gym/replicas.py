@@ -33,9 +33,9 @@ import attrs
 
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.gym.backends import BackendProcess, start_serve
-from nemogym_sdk.gym.process import StopOnExit
 from nemogym_sdk.gym.router import RouterProcess, start_router
 from nemogym_sdk.hosts import openai_url
+from nemogym_sdk.processes import StopOnExit
 
 __all__ = ["SamplerFleet", "start_proxy", "start_samplers"]
 
