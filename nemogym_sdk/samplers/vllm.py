@@ -5,7 +5,7 @@ for torch 2.13.0+cpu on a CPU box; on a GPU box any venv with ``vllm`` installed
 real deployment keeps it apart from the trainer. The SDK never imports vLLM: it runs that
 venv's interpreter on ``vllm.entrypoints.openai.api_server`` and talks HTTP::
 
-    from nemogym_sdk.gym import start_vllm
+    from nemogym_sdk.samplers import start_vllm
 
     with start_vllm("/models/tiny", served_model_name="nemogym-tiny") as backend:
         backend.base_url                      # "http://127.0.0.1:<port>/v1"
@@ -30,8 +30,8 @@ from pathlib import Path
 import attrs
 
 from nemogym_sdk.errors import ConfigError
-from nemogym_sdk.gym.backends import BackendProcess
 from nemogym_sdk.processes import LOOPBACK, default_log_path, free_loopback_ports, start_server
+from nemogym_sdk.samplers.backend import BackendProcess
 
 __all__ = [
     "VLLM_VENV_ENV_VAR",

@@ -1,9 +1,9 @@
-"""Model backends for a stack, as processes: ``nemogym_sdk.serve`` on a loopback port.
+"""The CPU model server as a process: ``nemogym_sdk.serve`` on a loopback port.
 
 NeMo Gym's ``vllm_model`` needs an OpenAI-compatible backend to sample from. `start_serve`
 launches ``python -m nemogym_sdk.serve`` (the CPU model server) in a process group of its own,
-waits until it answers, and returns a `BackendProcess` whose `policy_model` plugs into
-``GymStack``::
+waits until it answers, and returns a `BackendProcess` (what ``start_vllm`` returns too) whose
+`policy_model` plugs into ``GymStack``::
 
     with start_serve(mode="sample", logprobs_mode="processed_logprobs") as backend:
         model = backend.policy_model("policy")          # the LoRA adapter's served name
@@ -20,10 +20,10 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 
-from nemogym_sdk.gym.specs import PolicyModel
 from nemogym_sdk.processes import (
     LOOPBACK,
     ServerProcess,
@@ -34,6 +34,9 @@ from nemogym_sdk.processes import (
     stop_all,
     stopping_on_error,
 )
+
+if TYPE_CHECKING:
+    from nemogym_sdk.gym.specs import PolicyModel
 
 __all__ = ["BackendProcess", "start_serve"]
 
@@ -65,6 +68,8 @@ class BackendProcess(StopOnExit):
         Pass the LoRA adapter's name when training one: NeMo Gym's model server requests that
         name, so every rollout samples the adapter (see ``docs/lora-sync.md``).
         """
+        from nemogym_sdk.gym.specs import PolicyModel  # gym's record; gym imports samplers
+
         return PolicyModel(
             base_url=self.base_url,
             model=model or self.served_model_name,

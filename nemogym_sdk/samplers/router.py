@@ -4,7 +4,7 @@ Several samplers serve one policy behind `vllm-router <https://pypi.org/project/
 (a Rust binary on PyPI, in a venv of its own: ``.venv-router``, made by ``make router-venv``).
 The SDK never replaces it; it starts it, waits until it routes, and stops it::
 
-    from nemogym_sdk.gym import start_router
+    from nemogym_sdk.samplers import start_router
 
     with start_router([w1.url, w2.url]) as router:
         router.base_url            # "http://127.0.0.1:<port>/v1": what a proxy generates through
