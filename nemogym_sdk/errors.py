@@ -13,7 +13,7 @@ that defines each class outside this one (a test checks that this drawing lists 
     │   ├── DatasetMissingError                gym.errors: a config's example rows are missing
     │   ├── VllmVenvNotFoundError              samplers.vllm: no vLLM venv
     │   ├── RouterNotFoundError                samplers.router: no vllm-router executable
-    │   └── EngineStalledError                 rollout_groups: the pacing can never fill a step
+    │   └── EngineStalledError                 rollout_engine.groups: pacing can never fill a step
     ├── DataError(ValueError)                  malformed data from a file or a server
     │   ├── RowError                           a bad JSONL line (file and line number attached)
     │   └── DriftError                         a prompt does not extend the history (raise policy)
@@ -25,7 +25,7 @@ that defines each class outside this one (a test checks that this drawing lists 
     ├── DeadlineError(TimeoutError)            a connect, request or total deadline passed
     │   └── NotReadyError                      servers did not become ready in time
     │       └── ServerNotReadyError            processes.errors: one local server, with its log
-    ├── EngineClosedError(RuntimeError)        rollout_groups: a step asked of a closed engine
+    ├── EngineClosedError(RuntimeError)        rollout_engine.groups: a step of a closed engine
     ├── RunStoppedError(RuntimeError)          train.faults: nemogym-train stopped the run
     ├── ServerStartError(RuntimeError)         processes.errors: a local server exited at start-up
     │   └── RequirementsInstallError           gym.errors: its requirements failed to install
