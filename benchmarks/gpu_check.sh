@@ -133,7 +133,7 @@ say "4. the transformers backend (nemogym_sdk.serve on $DEVICE)"
 train transformers
 
 say "5. the vllm backend (real vLLM behind nemogym_sdk.serve --backend vllm)"
-find_vllm='from nemogym_sdk.gym.vllm import find_vllm_venv; print(find_vllm_venv().root)'
+find_vllm='from nemogym_sdk.samplers.vllm import find_vllm_venv; print(find_vllm_venv().root)'
 if [[ "${GPU_CHECK_VLLM:-1}" == 0 ]]; then
   echo "skipped (GPU_CHECK_VLLM=0)"
 elif "$PYTHON" -c "$find_vllm" 2>/dev/null; then

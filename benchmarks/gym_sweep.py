@@ -59,10 +59,10 @@ from nemogym_sdk.gym import (
 )
 from nemogym_sdk.gym.loading import load_environment_config, server_type_of
 from nemogym_sdk.gym.locate import locate_environment
-from nemogym_sdk.gym.process import tail
 from nemogym_sdk.gym.requirements import read_server_requirements
 from nemogym_sdk.gym.resolve import resolve_each
 from nemogym_sdk.gym.specs import AGENTS
+from nemogym_sdk.processes import tail
 from nemogym_sdk.serve.tiny import build_tiny_tokenizer
 
 CLASSES = {

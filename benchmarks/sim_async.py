@@ -13,7 +13,7 @@ thousands of episodes in flight cost no CPU. What it models:
   until the episode deadline. A group's episodes go to one replica (prefix affinity),
   groups to the least loaded replica.
 - **Learner.** A fixed time per step (``--learner-s``), then the new version is published.
-- **Pacing.** The real engine's rules (`nemogym_sdk.rollout_engine.may_start` and
+- **Pacing.** The real engine's rules (`nemogym_sdk.rollout_engine.pacing.may_start` and
   `is_due`): the same code decides which group may start and which a step must include.
 
     .venv/bin/python benchmarks/sim_async.py --replicas 8 16 32 64
@@ -30,7 +30,7 @@ import statistics
 from collections import Counter
 from typing import Any
 
-from nemogym_sdk.rollout_engine import is_due, may_start
+from nemogym_sdk.rollout_engine.pacing import is_due, may_start
 
 MEASURED = [(1, 220.0), (8, 1490.0), (32, 3400.0)]
 """(concurrent requests, aggregate tokens/s) of vLLM on CPU with a LoRA adapter."""

@@ -2,7 +2,7 @@
 
 A LoRA adapter on the SDK's tiny random Llama learns the toy environment ``target_chars``
 (three rounds; reward = the share of lowercase letters); ``nemogym_sdk.serve`` samples the
-adapter by its name. ``nemogym-train`` (``nemogym_sdk/train.py``) is the same recipe with
+adapter by its name. ``nemogym-train`` (``nemogym_sdk/train/recipe.py``) is the same recipe with
 everything around it (vLLM, torchrun, prefetch, checkpoints, plots)::
 
     python examples/torch_grpo.py --steps 20 --out runs/torch_grpo   # needs `make gym-venv`

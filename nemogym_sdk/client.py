@@ -11,7 +11,7 @@
   its agent, the one with the fewest of the client's rollouts in flight; a deployment that
   refuses connections is skipped for a while and the rollout is sent to another (the
   episode never started there), so a deployment that goes away costs typed failures at
-  most, never a hang (``nemogym_sdk._balance``).
+  most, never a hang (``nemogym_sdk._net.balance``).
 - Every requested rollout comes back, as a result or a typed failure, tagged with its
   row id and repeat index: in input order (``run``, ``run_sync``) or as they complete
   (``stream``). Each result is parsed as soon as it arrives, while the others play.
@@ -35,9 +35,9 @@ from typing import Any, NamedTuple, TypeVar
 import attrs
 import orjson
 
-from nemogym_sdk._aio import Attempt, Outcome
-from nemogym_sdk._balance import Balancer
-from nemogym_sdk._session import STATUS_OF, SessionOwner
+from nemogym_sdk._net.aio import Attempt, Outcome
+from nemogym_sdk._net.balance import Balancer
+from nemogym_sdk._net.session import STATUS_OF, SessionOwner
 from nemogym_sdk.directory import ServerDirectory
 from nemogym_sdk.errors import ConfigError, DataError, UnknownAgentError
 from nemogym_sdk.policy import RetryPolicy, SamplingParams, Timeouts

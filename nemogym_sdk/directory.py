@@ -24,8 +24,8 @@ import attrs
 import requests
 import yaml
 
-from nemogym_sdk._http import check, owned_session, send
-from nemogym_sdk._ready import poll_ready
+from nemogym_sdk._net.http import check, owned_session, send
+from nemogym_sdk._net.ready import poll_ready
 from nemogym_sdk.errors import (
     ConfigError,
     DataError,

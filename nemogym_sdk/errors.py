@@ -11,9 +11,9 @@ that defines each class outside this one (a test checks that this drawing lists 
     │   ├── GymVenvNotFoundError               gym.errors: no NeMo Gym venv
     │   ├── UvNotFoundError                    gym.errors: no uv to build server venvs
     │   ├── DatasetMissingError                gym.errors: a config's example rows are missing
-    │   ├── VllmVenvNotFoundError              gym.vllm: no vLLM venv
-    │   ├── RouterNotFoundError                gym.router: no vllm-router executable
-    │   └── EngineStalledError                 rollout_groups: the pacing can never fill a step
+    │   ├── VllmVenvNotFoundError              samplers.vllm: no vLLM venv
+    │   ├── RouterNotFoundError                samplers.router: no vllm-router executable
+    │   └── EngineStalledError                 rollout_engine.groups: pacing can never fill a step
     ├── DataError(ValueError)                  malformed data from a file or a server
     │   ├── RowError                           a bad JSONL line (file and line number attached)
     │   └── DriftError                         a prompt does not extend the history (raise policy)
@@ -24,10 +24,10 @@ that defines each class outside this one (a test checks that this drawing lists 
     │   └── LoraSyncError                      an adapter load/unload was refused or not applied
     ├── DeadlineError(TimeoutError)            a connect, request or total deadline passed
     │   └── NotReadyError                      servers did not become ready in time
-    │       └── ServerNotReadyError            gym.errors: one local server, with its log
-    ├── EngineClosedError(RuntimeError)        rollout_groups: a step asked of a closed engine
-    ├── RunStoppedError(RuntimeError)          train_faults: nemogym-train stopped the run
-    ├── ServerStartError(RuntimeError)         gym.errors: a local server exited at start-up
+    │       └── ServerNotReadyError            processes.errors: one local server, with its log
+    ├── EngineClosedError(RuntimeError)        rollout_engine.groups: a step of a closed engine
+    ├── RunStoppedError(RuntimeError)          train.faults: nemogym-train stopped the run
+    ├── ServerStartError(RuntimeError)         processes.errors: a local server exited at start-up
     │   └── RequirementsInstallError           gym.errors: its requirements failed to install
     ├── ServeError                             serve.errors: answered as an OpenAI error body
     │   ├── BadRequestError(ValueError)        serve.errors: HTTP 400
@@ -42,8 +42,8 @@ that defines each class outside this one (a test checks that this drawing lists 
     └── PropertyCheckError(AssertionError)     testing: a parser failed a property check
 
 Foreign exceptions (aiohttp, requests) are translated at one edge each, with
-``raise ... from exc``: ``nemogym_sdk._aio.post`` for aiohttp and
-``nemogym_sdk._http.send`` for requests. Exceptions keep their context in plain
+``raise ... from exc``: ``nemogym_sdk._net.aio.post`` for aiohttp and
+``nemogym_sdk._net.http.send`` for requests. Exceptions keep their context in plain
 attributes that survive pickling, because rollouts and their errors cross process
 boundaries.
 

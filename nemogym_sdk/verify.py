@@ -42,7 +42,7 @@ from typing import Any
 
 import attrs
 
-from nemogym_sdk._session import STATUS_OF, SessionOwner
+from nemogym_sdk._net.session import STATUS_OF, SessionOwner
 from nemogym_sdk.directory import DEFAULT_HEAD, ServerDirectory
 from nemogym_sdk.errors import ConfigError, DiscoveryError, NemoGymError
 from nemogym_sdk.hosts import base_url

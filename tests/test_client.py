@@ -224,7 +224,7 @@ def test_retry_after_accepts_seconds_and_http_dates(
     import email.utils
     import time
 
-    from nemogym_sdk._aio import _retry_after
+    from nemogym_sdk._net.aio import _retry_after
 
     value = _retry_after({"Retry-After": header})
     if low is None:

@@ -45,7 +45,7 @@ def package_errors() -> dict[str, type[BaseException]]:
         for name, value in vars(module).items():
             if (
                 isinstance(value, type)
-                # not a BaseException-only signal (train_faults.Interrupted, a KeyboardInterrupt)
+                # not a BaseException-only signal (train.faults.Interrupted, a KeyboardInterrupt)
                 and issubclass(value, Exception)
                 and value.__module__ == info.name
                 and not name.startswith("_")

@@ -8,7 +8,7 @@ import pytest
 import requests
 
 from nemogym_sdk import DeadlineError, ServerError, TransportError
-from nemogym_sdk._http import check, owned_session, send
+from nemogym_sdk._net.http import check, owned_session, send
 from tests.fakes import head_server
 
 
@@ -52,7 +52,7 @@ def test_owned_sessions_are_closed_and_given_ones_are_not(
             closed.append(self)
             super().close()
 
-    monkeypatch.setattr("nemogym_sdk._http.requests.Session", Recording)
+    monkeypatch.setattr("nemogym_sdk._net.http.requests.Session", Recording)
     given = Recording()
     with owned_session(given) as http:
         assert http is given

@@ -1,32 +1,28 @@
-"""The layering of the package, locked: which layer may import which.
+"""The layering of the package, locked: which room may import which.
 
 Every module of ``nemogym_sdk`` is parsed with ``ast`` (nothing is imported) and each of
-its imports is checked against the layers below. They are the design's (DESIGN.md section
-2), stated as intended, not read off the imports that happen to exist:
+its imports, at module level or inside a function, is checked against ONE rule per room
+(``ROOMS``: a module belongs to the room of its longest listed prefix; ``MAY_IMPORT``: the
+rooms it may import). The rooms are the design's (DESIGN.md section 2), stated as intended,
+not read off the imports that happen to exist:
 
-- **core** (pure: records, wire, turns, masks, collate, data, grpo, metrics, hosts, errors,
-  policy, devices, ranks, rollout_groups, ``_extras``) imports only the core. It never
-  imports torch, trl, vllm, axolotl, transformers or peft, at module level or in a
-  function, except the two torch bridges the design names: ``Batch.to_torch`` (records)
-  and ``devices.torch_device``.
-- **io** (the network: ``_aio``, ``_balance``, ``_http``, ``_ready``, ``_session``, directory,
-  client, rollout_engine, verify) imports core and io, and never a heavy framework.
-- **lora** (LoRA sync) imports core, io and itself.
-- **logits** (the logit processing the sampler and the learner share; torch) imports core.
-- **serve** (the model server) imports core, io, logits and itself.
-- **gym** (NeMo Gym processes) imports core, io and itself; it starts ``serve`` as a
-  process, never imports it.
-- **testing** (the property-testing kit) imports core, io and itself.
-- **adapters.torch** imports core, logits and itself: the learner needs no server;
-  **adapters.trl** and **adapters.axolotl** import core, io, lora and themselves; no
-  adapter imports another adapter, ``serve`` or ``gym``.
-- **config** (``train_config``: the trainer's settings) imports core only.
-- **apps** (the reference trainer: ``train``, ``train_learner``, ``train_outputs``,
-  ``train_play``, ``train_sampler``, ``train_trackers``, ``train_checkpoints``,
-  ``train_faults``) may import any layer.
+- **core** (pure: records, wire, turns, masks, collate, data, grpo, ...; and the pure parts
+  of the engine, ``rollout_engine.groups`` and ``rollout_engine.pacing``) imports only the
+  core, and never torch, trl, vllm, axolotl, transformers or peft, except the two torch
+  bridges the design names (``Batch.to_torch``, ``devices.torch_device``);
+- **io** (the network: ``_net``, client, directory, verify, rollout_engine) imports core
+  and io, and never a heavy framework;
+- **lora**, **logits**, **serve**, **processes**, **samplers**, **gym**, **testing** and
+  each **adapters.X** import the rooms their row names: the model server builds on the
+  logit processing, the model servers start through ``processes`` and never import
+  ``serve`` (they run it), gym starts through both, the learner needs no server, no adapter
+  imports another;
+- **apps** (the reference trainer, ``train``) may import any room.
 
-Only the modules listed in ``HEAVY_AT_IMPORT`` import a heavy framework when they load, and
-``import nemogym_sdk`` loads no network, YAML or heavy module and none of the io layer.
+Only the modules in ``HEAVY_AT_IMPORT`` import a heavy framework when they load;
+``import nemogym_sdk`` loads no network, YAML or heavy module and none of the io layer; and
+``import nemogym_sdk.train.config`` (the trainer's settings) loads no heavy framework and
+no room but the core.
 """
 
 from __future__ import annotations
@@ -46,58 +42,46 @@ ROOT = "nemogym_sdk"
 HEAVY = frozenset({"torch", "trl", "vllm", "axolotl", "transformers", "peft"})
 NETWORK = frozenset({"aiohttp", "requests", "yaml"})
 
-CORE_MODULES = (
-    "_extras",
-    "collate",
-    "data",
-    "devices",
-    "errors",
-    "hosts",
-    "masks",
-    "metrics",
-    "policy",
-    "ranks",
-    "records",
-    "rewards",
-    "rollout_groups",
-    "turns",
+CORE = (
+    *("_extras", "collate", "data", "devices", "errors", "grpo", "hosts", "masks", "metrics"),
+    *("policy", "ranks", "records", "rewards", "turns", "wire"),
+    *("rollout_engine.groups", "rollout_engine.pacing"),
 )
-CORE_PACKAGES = ("grpo", "wire")
-IO = frozenset(
-    f"{ROOT}.{name}"
-    for name in (
-        "_aio",
-        "_balance",
-        "_http",
-        "_ready",
-        "_session",
-        "client",
-        "directory",
-        "rollout_engine",
-        "verify",
-    )
-)
-PACKAGE_LAYERS = ("lora", "serve", "gym", "testing")
-ADAPTERS = ("axolotl", "torch", "trl")
+IO = ("_net", "client", "directory", "rollout_engine", "verify")
+ROOMS: dict[str, str] = {
+    **dict.fromkeys(CORE, "core"),
+    **dict.fromkeys(IO, "io"),
+    **{room: room for room in ("lora", "logits", "serve", "processes", "samplers", "gym")},
+    **{room: room for room in ("testing", "adapters")},
+    **{f"adapters.{a}": f"adapters.{a}" for a in ("axolotl", "torch", "trl")},
+    "train": "apps",
+    "train_config": "apps",  # the deprecated alias of train.config
+}
+"""Module (relative to ``nemogym_sdk``, a package standing for all it holds) -> room."""
 
+_ALL = frozenset(ROOMS.values())
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "core": frozenset({"core"}),
     "io": frozenset({"core", "io"}),
     "lora": frozenset({"core", "io", "lora"}),
     "logits": frozenset({"core"}),
     "serve": frozenset({"core", "io", "logits", "serve"}),
-    "gym": frozenset({"core", "io", "gym"}),
+    "processes": frozenset({"core", "io", "processes"}),
+    "samplers": frozenset({"core", "io", "processes", "samplers"}),
+    "gym": frozenset({"core", "io", "processes", "samplers", "gym"}),
     "testing": frozenset({"core", "io", "testing"}),
     "adapters": frozenset({"core"}),
     "adapters.torch": frozenset({"core", "logits", "adapters.torch"}),
     "adapters.trl": frozenset({"core", "io", "lora", "adapters.trl"}),
     "adapters.axolotl": frozenset({"core", "io", "lora", "adapters.axolotl"}),
-    "config": frozenset({"core"}),
-    "apps": frozenset(
-        {"core", "io", "lora", "logits", "serve", "gym", "config", "apps"}
-        | {f"adapters.{a}" for a in ADAPTERS}
-    ),
+    "apps": _ALL,
 }
+NEVER_HEAVY = frozenset({"core", "io"})
+"""Rooms that never import a heavy framework, at load or in a function."""
+
+# Function-level imports allowed against the table: BackendProcess.policy_model() builds
+# gym's PolicyModel (gym re-exports samplers, so samplers never imports gym at load).
+LAZY_UP = frozenset({("samplers", "gym")})
 
 # Function-level (lazy) heavy imports allowed in core: the design's two torch bridges.
 LAZY_HEAVY_ALLOWED = frozenset({("nemogym_sdk.records", "torch"), ("nemogym_sdk.devices", "torch")})
@@ -120,30 +104,15 @@ HEAVY_AT_IMPORT = frozenset(
 
 
 def layer(module: str) -> str:
-    """The layer of a ``nemogym_sdk`` module name."""
-    parts = module.split(".")
-    first = parts[1] if len(parts) >= 2 else ""
-    if module == ROOT or first in CORE_MODULES or first in CORE_PACKAGES:
+    """The room of a ``nemogym_sdk`` module name (its longest prefix in ``ROOMS``)."""
+    if module == ROOT:
         return "core"
-    if module in IO:
-        return "io"
-    if first == "logits":
-        return "logits"
-    if first == "train_config":
-        return "config"
-    if first in ("train", "train_learner", "train_outputs", "train_play", "train_sampler"):
-        return "apps"
-    if first in ("train_checkpoints", "train_faults"):  # its checkpoints and faults
-        return "apps"
-    if first == "train_trackers":  # the reference trainer's --report-to
-        return "apps"
-    if first in PACKAGE_LAYERS:
-        return first
-    if first == "adapters":
-        return f"adapters.{parts[2]}" if len(parts) >= 3 else "adapters"
-    raise AssertionError(
-        f"{module} belongs to no layer: add it to the table in tests/test_layering.py"
-    )
+    parts = module.split(".")[1:]
+    for end in range(len(parts), 0, -1):
+        room = ROOMS.get(".".join(parts[:end]))
+        if room is not None:
+            return room
+    raise AssertionError(f"{module} belongs to no room: add it to ROOMS in tests/test_layering.py")
 
 
 def module_name(path: Path) -> str:
@@ -215,7 +184,7 @@ def violations(module: str, source: str, *, is_package: bool = False) -> list[st
     for name, at_load in imports(module, source, is_package=is_package):
         top = name.split(".")[0]
         if top in HEAVY:
-            if own in ("core", "io", "config") and (module, top) not in LAZY_HEAVY_ALLOWED:
+            if own in NEVER_HEAVY and (module, top) not in LAZY_HEAVY_ALLOWED:
                 found.append(f"{module} imports {name} (core and io never import {top})")
             elif at_load and module not in HEAVY_AT_IMPORT:
                 found.append(f"{module} imports {name} at load (not in HEAVY_AT_IMPORT)")
@@ -226,7 +195,7 @@ def violations(module: str, source: str, *, is_package: bool = False) -> list[st
             continue  # the package's lazy public names: checked by the subprocess test
         target = _owning_module(name)
         other = layer(target)
-        if other not in MAY_IMPORT[own]:
+        if other not in MAY_IMPORT[own] and (at_load or (own, other) not in LAZY_UP):
             found.append(f"{module} ({own}) imports {target} ({other})")
     return found
 
@@ -267,16 +236,23 @@ def test_gym_server_scripts_import_no_sdk_module_outside_themselves() -> None:
         ("nemogym_sdk.client", "from vllm import LLM\n", "never import vllm"),
         ("nemogym_sdk.wire", "from nemogym_sdk.client import AgentClient\n", "(io)"),
         ("nemogym_sdk.data", "from nemogym_sdk.gym import GymStack\n", "(gym)"),
+        ("nemogym_sdk.rollout_engine.pacing", "from nemogym_sdk._net.aio import X\n", "(io)"),
         (
             "nemogym_sdk.adapters.trl.rollout",
             "from nemogym_sdk.adapters.axolotl import NemoGymPlugin\n",
             "(adapters.axolotl)",
         ),
         ("nemogym_sdk.serve.chat", "from nemogym_sdk.gym import GymStack\n", "(gym)"),
-        # the learner needs no server, the trainer's settings no backend, gym no server code
+        # the learner needs no server, the model servers no server code, no room below gym
+        # imports it at load, and process supervision knows no server kind
         ("nemogym_sdk.adapters.torch.logprobs", "from nemogym_sdk.serve import X\n", "(serve)"),
-        ("nemogym_sdk.train_config", "from nemogym_sdk.serve.backend import X\n", "(serve)"),
-        ("nemogym_sdk.gym.backends", "def f():\n    from nemogym_sdk.serve import X\n", "(serve)"),
+        (
+            "nemogym_sdk.samplers.backend",
+            "def f():\n    from nemogym_sdk.serve import X\n",
+            "(serve)",
+        ),
+        ("nemogym_sdk.samplers.vllm", "from nemogym_sdk.gym import PolicyModel\n", "(gym)"),
+        ("nemogym_sdk.processes.start", "from nemogym_sdk.samplers import X\n", "(samplers)"),
         (
             "nemogym_sdk.adapters.trl.rollout",
             "from nemogym_sdk.adapters.torch import X\n",
@@ -301,15 +277,36 @@ def test_allowed_imports_pass() -> None:
         "if TYPE_CHECKING:\n    import torch\n"
     )
     assert violations("nemogym_sdk.turns", source) == []
-    assert violations("nemogym_sdk.verify", "from nemogym_sdk._session import X\n") == []
+    assert violations("nemogym_sdk.verify", "from nemogym_sdk._net.session import X\n") == []
     assert violations("nemogym_sdk.gym.stack", "from nemogym_sdk.directory import X\n") == []
+    lazy_gym = "def f():\n    from nemogym_sdk.gym.specs import PolicyModel\n"
+    assert violations("nemogym_sdk.samplers.backend", lazy_gym) == []
+
+
+def _loaded(statement: str, watched: list[str]) -> list[str]:
+    """Which of ``watched`` a fresh interpreter has in ``sys.modules`` after ``statement``."""
+    code = f"import sys; {statement}; print(','.join(m for m in {watched!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return [name for name in out.stdout.strip().split(",") if name]
+
+
+ROOMS_ABOVE_CORE = [
+    f"{ROOT}.{name}"
+    for name in ("lora", "serve", "processes", "samplers", "gym", "adapters", "train.recipe")
+]
 
 
 def test_import_nemogym_sdk_loads_no_network_heavy_or_io_module() -> None:
     """``import nemogym_sdk`` in a fresh interpreter loads none of aiohttp, requests, yaml,
-    the heavy frameworks, or the SDK's io, lora, gym, serve and adapter modules."""
-    lazy_sdk = sorted(IO) + [f"{ROOT}.{name}" for name in ("lora", "gym", "serve", "adapters")]
-    watched = sorted(HEAVY | NETWORK) + lazy_sdk
-    code = f"import sys, nemogym_sdk; print(','.join(m for m in {watched!r} if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == ""
+    the heavy frameworks, or the SDK's io, lora, gym, serve, sampler and adapter modules."""
+    io = [f"{ROOT}.{name}" for name in IO]
+    assert _loaded("import nemogym_sdk", sorted(HEAVY | NETWORK) + io + ROOMS_ABOVE_CORE) == []
+
+
+def test_the_trainers_settings_load_light() -> None:
+    """``nemogym_sdk.train.config`` (and the ``nemogym_sdk.train`` package around it) loads
+    no heavy framework, no network library and no room but the core: the docs' settings page
+    and a config check run without the trainer's extra."""
+    io = [f"{ROOT}.{name}" for name in IO]
+    watched = sorted(HEAVY | {"aiohttp", "requests"}) + io + ROOMS_ABOVE_CORE
+    assert _loaded("import nemogym_sdk.train.config", watched) == []

@@ -14,14 +14,14 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from nemogym_sdk.errors import ConfigError  # noqa: E402
-from nemogym_sdk.train import build_policy  # noqa: E402
-from nemogym_sdk.train_checkpoints import (  # noqa: E402
+from nemogym_sdk.train.checkpoints import (  # noqa: E402
     checkpoints,
     load_checkpoint,
     resume_point,
     save_checkpoint,
 )
-from nemogym_sdk.train_config import TrainConfig  # noqa: E402
+from nemogym_sdk.train.config import TrainConfig  # noqa: E402
+from nemogym_sdk.train.recipe import build_policy  # noqa: E402
 
 CONFIG = TrainConfig(lora_rank=4)
 
@@ -98,10 +98,10 @@ def test_a_write_that_fails_leaves_nothing_and_names_the_last_good_checkpoint(
         import resource, signal, sys
         from pathlib import Path
         import torch
-        from nemogym_sdk.train import build_policy
-        from nemogym_sdk.train_checkpoints import save_checkpoint
-        from nemogym_sdk.train_config import TrainConfig
-        from nemogym_sdk.train_faults import RunStoppedError
+        from nemogym_sdk.train.recipe import build_policy
+        from nemogym_sdk.train.checkpoints import save_checkpoint
+        from nemogym_sdk.train.config import TrainConfig
+        from nemogym_sdk.train.faults import RunStoppedError
 
         model, _ = build_policy(TrainConfig(lora_rank=4))
         optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad])

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from nemogym_sdk import ConfigError
-from nemogym_sdk.train_config import TrainConfig, parse_config, resolve_device
+from nemogym_sdk.train.config import TrainConfig, parse_config, resolve_device
 
 
 def test_flags_override_the_file(tmp_path: Path) -> None:
@@ -92,3 +92,13 @@ def test_cuda_indices_per_process_and_out_of_range(monkeypatch: pytest.MonkeyPat
     assert resolve_device(TrainConfig(device="cuda:0"), local_rank=1, world=2) == "cuda:0"
     with pytest.raises(ConfigError, match=r"sees 2 GPU\(s\), cuda:0 to cuda:1"):
         resolve_device(TrainConfig(device="cuda:2"))
+
+
+def test_the_deprecated_train_config_module_is_an_alias() -> None:
+    """``nemogym_sdk.train_config`` (kept for one release) re-exports the settings' names."""
+    import nemogym_sdk.train.config
+    import nemogym_sdk.train_config
+
+    assert nemogym_sdk.train_config.TrainConfig is nemogym_sdk.train.config.TrainConfig
+    assert nemogym_sdk.train_config.parse_config is nemogym_sdk.train.config.parse_config
+    assert set(nemogym_sdk.train_config.__all__) == set(nemogym_sdk.train.config.__all__)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from nemogym_sdk.errors import ConfigError
-from nemogym_sdk.train_faults import (
+from nemogym_sdk.train.faults import (
     Interrupted,
     RunStoppedError,
     StopSignals,
@@ -115,7 +115,7 @@ def test_a_sampler_that_stops_answering_stops_the_run_like_a_signal() -> None:
     retries a refused sampler without end, so waiting for the episodes would not end it)."""
     import threading
 
-    from nemogym_sdk.train_faults import SamplerWatch
+    from nemogym_sdk.train.faults import SamplerWatch
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

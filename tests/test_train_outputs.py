@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from nemogym_sdk.train_outputs import open_metrics
+from nemogym_sdk.train.outputs import open_metrics
 
 
 def test_resumed_metrics_drop_the_steps_after_the_checkpoint(tmp_path: Path) -> None:

@@ -23,9 +23,9 @@ import pytest
 
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.metrics import RolloutStats, scalars
-from nemogym_sdk.train_config import TrainConfig
-from nemogym_sdk.train_outputs import outputs
-from nemogym_sdk.train_trackers import PROJECT, TRACKER_TYPES, Trackers
+from nemogym_sdk.train.config import TrainConfig
+from nemogym_sdk.train.outputs import outputs
+from nemogym_sdk.train.trackers import PROJECT, TRACKER_TYPES, Trackers
 from tests.require import absent
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,7 +104,7 @@ def write_run(names: tuple[str, ...], out: Path) -> list[dict[str, Any]]:
     for line in lines:
         trackers.log(line)
     curve = out / "reward_curve.png"
-    from nemogym_sdk.train_outputs import plot_curve
+    from nemogym_sdk.train.outputs import plot_curve
 
     plot_curve([line["reward_mean"] for line in lines], curve, title="test")
     trackers.log_image(lines[-1]["step"], "reward_curve", curve)

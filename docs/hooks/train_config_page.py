@@ -1,6 +1,6 @@
 """mkdocs hook: the page of `nemogym-train`'s settings, written from `TrainConfig` when built.
 
-Every field of ``nemogym_sdk.train_config.TrainConfig`` is a row (key, flag, type, default,
+Every field of ``nemogym_sdk.train.config.TrainConfig`` is a row (key, flag, type, default,
 what it does); the text is the field's docstring, read from the source with ``ast``, so the
 page cannot go stale. mkdocs loads this file through ``hooks:`` in ``mkdocs.yml``; the docs
 tests import it too (``tests/docs``).
@@ -16,8 +16,8 @@ from typing import Any
 
 import attrs
 
-from nemogym_sdk import train_config
-from nemogym_sdk.train_config import TrainConfig
+from nemogym_sdk.train import config as train_config
+from nemogym_sdk.train.config import TrainConfig
 
 PAGE = "reference/train-config.md"
 """Where the page goes in the site (the nav names it)."""
@@ -83,7 +83,7 @@ def page_markdown() -> str:
         "what to change. Lists take commas on the command line (`--head-url a,b`); booleans "
         "take `--flag` / `--no-flag`.",
         "",
-        "*Generated from `nemogym_sdk/train_config.py` when the site is built.*",
+        "*Generated from `nemogym_sdk/train/config.py` when the site is built.*",
         "",
         "| key | flag | type | default | what it does |",
         "|---|---|---|---|---|",
@@ -97,7 +97,7 @@ def page_markdown() -> str:
             f"| `{field.name}` | `{flag}` | `{kind}` | {_default(field.default)} "
             f"| {_cell(docs.get(field.name, ''))} |"
         )
-    lines += ["", "::: nemogym_sdk.train_config.parse_config", ""]
+    lines += ["", "::: nemogym_sdk.train.config.parse_config", ""]
     return "\n".join(lines)
 
 

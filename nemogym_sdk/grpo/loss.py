@@ -1,6 +1,6 @@
 """Which policy loss to compute: ``LossType``, ``ImportanceSampling`` and ``PolicyLoss``.
 
-Pure attrs and enums (no torch), so configuration code (``nemogym_sdk.train_config``) can
+Pure attrs and enums (no torch), so configuration code (``nemogym_sdk.train.config``) can
 name and check losses without loading torch; ``nemogym_sdk.adapters.torch`` computes them.
 """
 

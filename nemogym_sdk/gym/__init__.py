@@ -19,8 +19,13 @@ Configs are resolved by NeMo Gym's own parser, run in its venv
 and the pairing of agent-less environments with an agent.
 
 ``GymLauncher`` starts the same environments with NeMo Gym's own launcher (``gym env
-start``, Ray and the head server) instead; ``start_samplers`` starts sampler replicas
-behind ``vllm-router`` (``start_router``).
+start``, Ray and the head server) instead.
+
+This package is NeMo Gym only. The model servers the agents sample from live in
+:mod:`nemogym_sdk.samplers` (``start_serve``, ``start_vllm``, ``start_router``,
+``start_samplers`` ...) and process supervision in :mod:`nemogym_sdk.processes`
+(``ProcessGroup``, ``ServerStartError`` ...); their names are re-exported here, as before
+those packages existed.
 
 See ``docs/gym-environments.md`` for what each shipped environment does, and
 ``docs/writing-an-environment.md`` for writing one (``SDK_ENVIRONMENTS``, e.g.
@@ -30,7 +35,6 @@ start by name from the directories on ``env_path`` or ``$NEMOGYM_ENV_PATH``).
 
 from __future__ import annotations
 
-from nemogym_sdk.gym.backends import BackendProcess, start_serve
 from nemogym_sdk.gym.builder import HEAD_SERVER_NAME, Launch, StackBuilder
 from nemogym_sdk.gym.catalog import (
     CATALOGUE,
@@ -38,13 +42,11 @@ from nemogym_sdk.gym.catalog import (
     EnvironmentInfo,
     describe_environment,
 )
-from nemogym_sdk.gym.config import build_stack_config, free_loopback_ports
+from nemogym_sdk.gym.config import build_stack_config
 from nemogym_sdk.gym.errors import (
     DatasetMissingError,
     GymVenvNotFoundError,
     RequirementsInstallError,
-    ServerNotReadyError,
-    ServerStartError,
     UvNotFoundError,
 )
 from nemogym_sdk.gym.launcher import GymLauncher
@@ -59,17 +61,8 @@ from nemogym_sdk.gym.locate import (
     find_gym_venv,
     locate_environment,
 )
-from nemogym_sdk.gym.process import ProcessGroup, ProcessSpec
-from nemogym_sdk.gym.replicas import SamplerFleet, start_samplers
 from nemogym_sdk.gym.requirements import ServerRequirements, read_server_requirements
 from nemogym_sdk.gym.resolve import ResolvedEnvironment, resolve_environments
-from nemogym_sdk.gym.router import (
-    ROUTER_ENV_VAR,
-    RouterNotFoundError,
-    RouterProcess,
-    find_router,
-    start_router,
-)
 from nemogym_sdk.gym.server_envs import (
     REQUIREMENTS_CACHE_ENV_VAR,
     ServerEnvironment,
@@ -79,12 +72,28 @@ from nemogym_sdk.gym.server_envs import (
 )
 from nemogym_sdk.gym.specs import EnvironmentSetup, PolicyModel, ServerSpec, StackConfig
 from nemogym_sdk.gym.stack import GymStack
-from nemogym_sdk.gym.vllm import (
+from nemogym_sdk.processes import (
+    ProcessGroup,
+    ProcessSpec,
+    ServerNotReadyError,
+    ServerStartError,
+    free_loopback_ports,
+)
+from nemogym_sdk.samplers import (
+    ROUTER_ENV_VAR,
     VLLM_VENV_ENV_VAR,
+    BackendProcess,
+    RouterNotFoundError,
+    RouterProcess,
+    SamplerFleet,
     VllmVenv,
     VllmVenvNotFoundError,
     default_vllm_venv_path,
+    find_router,
     find_vllm_venv,
+    start_router,
+    start_samplers,
+    start_serve,
     start_vllm,
 )
 

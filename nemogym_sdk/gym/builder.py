@@ -4,11 +4,11 @@
 and judge, overrides, data files, per-server requirements) and nothing that runs.
 :meth:`StackBuilder.build` resolves the global config (:func:`~nemogym_sdk.gym.config.
 build_stack_config`) and checks that the example rows it names exist;
-:meth:`StackBuilder.launch` turns it into one :class:`~nemogym_sdk.gym.process.ProcessSpec`
+:meth:`StackBuilder.launch` turns it into one :class:`~nemogym_sdk.processes.ProcessSpec`
 per server: the directory it runs in (the venv's, the SDK's, or an overlay with extra data
 files), its interpreter (the NeMo Gym venv's, or a per-server venv with its requirements)
 and its environment. :class:`~nemogym_sdk.gym.stack.GymStack` starts those as a
-:class:`~nemogym_sdk.gym.process.ProcessGroup`.
+:class:`~nemogym_sdk.processes.ProcessGroup`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from nemogym_sdk.gym.config import build_stack_config
 from nemogym_sdk.gym.errors import DatasetMissingError, UvNotFoundError
 from nemogym_sdk.gym.locate import GymVenv, locate_environment, split_environment_name
 from nemogym_sdk.gym.overlay import FileSource, make_overlay
-from nemogym_sdk.gym.process import ProcessSpec
 from nemogym_sdk.gym.server_envs import ServerEnvironment, find_uv, prepare_server_environment
 from nemogym_sdk.gym.specs import (
     ENVIRONMENT_SERVERS,
@@ -38,6 +37,7 @@ from nemogym_sdk.gym.specs import (
     ServerSpec,
     StackConfig,
 )
+from nemogym_sdk.processes import ProcessSpec
 from nemogym_sdk.wire import ServerInstance, encode_server_instance
 
 __all__ = ["HEAD_SERVER_NAME", "Launch", "StackBuilder", "child_env"]

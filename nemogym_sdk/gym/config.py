@@ -37,9 +37,7 @@ from __future__ import annotations
 
 import copy
 import os
-import random
-import socket
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +55,6 @@ from nemogym_sdk.gym.resolve import ResolvedEnvironment, resolve_environments
 from nemogym_sdk.gym.specs import (
     AGENTS,
     ENVIRONMENT_SERVERS,
-    LOOPBACK,
     MODELS,
     RESOURCES,
     EnvironmentSetup,
@@ -65,25 +62,19 @@ from nemogym_sdk.gym.specs import (
     ServerSpec,
     StackConfig,
 )
+from nemogym_sdk.processes.ports import LOOPBACK, PORT_RANGE, free_loopback_ports
 from nemogym_sdk.wire import SERVER_TYPES
 
 __all__ = [
-    "PORT_RANGE",
     "STACK_KEYS",
     "build_stack_config",
     "dataset_paths",
-    "free_loopback_ports",
 ]
 
 _KEPT_TYPES = (MODELS, RESOURCES, AGENTS)
 # Start order: what others call first, so a caller never waits on a callee.
 _START_ORDER = {MODELS: 0, RESOURCES: 1, AGENTS: 2, ENVIRONMENT_SERVERS: 3}
 _CONFIG_PATHS = "config_paths"
-
-PORT_RANGE = (10001, 20000)
-"""Where ports are picked unless the config says otherwise (``port_range_low`` and
-``_high``): NeMo Gym's own default range, below Linux's ephemeral ports (32768-60999), so
-an outgoing connection cannot take a port between pick and bind."""
 
 STACK_KEYS = frozenset(
     {
@@ -103,38 +94,6 @@ STACK_KEYS = frozenset(
 the working directories; NeMo Gym derives its defaults for these from the parsing
 process's cwd). ``uv_*`` serve NeMo Gym's own per-server venv set-up, which the stack
 does not use: they are left out."""
-
-
-def free_loopback_ports(count: int, port_range: tuple[int, int] = PORT_RANGE) -> list[int]:
-    """``count`` distinct ports of ``port_range`` that can be bound on 127.0.0.1 right now.
-
-    Candidates are tried in random order (so concurrent stacks rarely pick the same
-    ones), each by binding it; a port in use is skipped.
-    """
-    low, high = port_range
-    ports: list[int] = []
-    for port in _random_order(range(low, high + 1), 4 * count + 16):
-        if len(ports) == count:
-            break
-        if port in ports:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((LOOPBACK, port))
-            except OSError:
-                continue
-        ports.append(port)
-    if len(ports) < count:
-        raise ConfigError(f"only {len(ports)} of {count} ports free in {low}-{high}")
-    return ports
-
-
-def _random_order(everything: range, first: int) -> Iterator[int]:
-    """The ports of ``everything`` at random: ``first`` of them (nearly always enough),
-    then the whole range shuffled, drawn only if those were not."""
-    rng = random.SystemRandom()
-    yield from rng.sample(everything, min(first, len(everything)))
-    yield from rng.sample(everything, len(everything))
 
 
 @attrs.define(kw_only=True)

@@ -1,4 +1,4 @@
-"""Errors raised while locating the NeMo Gym venv and starting its servers.
+"""Errors raised while locating the NeMo Gym venv and preparing its servers.
 
 They extend the package-wide tree in :mod:`nemogym_sdk.errors`::
 
@@ -6,22 +6,21 @@ They extend the package-wide tree in :mod:`nemogym_sdk.errors`::
     ├── GymVenvNotFoundError           the NeMo Gym venv is missing or incomplete
     ├── UvNotFoundError                ``uv`` (which builds per-server environments) is absent
     └── DatasetMissingError            a config names example rows that are not there
-    NemoGymError
-    └── ServerStartError(RuntimeError) a server process exited during start-up
-        └── RequirementsInstallError   a server's requirements failed to install
-    NotReadyError(TimeoutError)
-    └── ServerNotReadyError            a server did not answer before the deadline
+    ServerStartError(RuntimeError)     (nemogym_sdk.processes.errors)
+    └── RequirementsInstallError       a server's requirements failed to install
 
-The start-up errors name the server and carry the tail of its log (for
-:class:`RequirementsInstallError`, of uv's output), so a failed start-up can be
-diagnosed from the exception message alone.
+``ServerStartError`` and ``ServerNotReadyError`` (any local server process: NeMo Gym's,
+vLLM, the router) live in :mod:`nemogym_sdk.processes.errors` and are re-exported here.
+:class:`RequirementsInstallError` carries the tail of uv's output, so a failed install can
+be diagnosed from the exception message alone.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from nemogym_sdk.errors import ConfigError, NemoGymError, NotReadyError
+from nemogym_sdk.errors import ConfigError, NemoGymError
+from nemogym_sdk.processes.errors import ServerNotReadyError, ServerStartError
 
 __all__ = [
     "DatasetMissingError",
@@ -60,53 +59,6 @@ class DatasetMissingError(ConfigError):
 
     def __reduce__(self) -> tuple[type[DatasetMissingError], tuple[object, ...]]:
         return (type(self), (self.environment, self.config_path, self.path))
-
-
-def _describe(server: str, what: str, log_path: Path | None, log_tail: str) -> str:
-    where = f" (log: {log_path})" if log_path is not None else ""
-    tail = log_tail.rstrip() or "<empty log>"
-    return f"NeMo Gym server {server!r} {what}{where}. Last lines of its log:\n{tail}"
-
-
-class ServerStartError(NemoGymError, RuntimeError):
-    """A server process exited before it became ready.
-
-    ``server`` is the instance name (the top-level config key), ``returncode`` the
-    exit status, ``log_path`` the file holding the server's output and ``log_tail``
-    its last lines.
-    """
-
-    def __init__(
-        self, server: str, returncode: int | None, log_path: Path | None, log_tail: str
-    ) -> None:
-        what = f"exited with status {returncode} during start-up"
-        super().__init__(_describe(server, what, log_path, log_tail))
-        self.server = server
-        self.returncode = returncode
-        self.log_path = log_path
-        self.log_tail = log_tail
-
-    def __reduce__(self) -> tuple[type[ServerStartError], tuple[object, ...]]:
-        return (type(self), (self.server, self.returncode, self.log_path, self.log_tail))
-
-
-class ServerNotReadyError(NotReadyError):
-    """A server was still not answering its health route when the deadline passed.
-
-    ``server`` is the instance name, ``timeout`` the deadline in seconds, ``log_path``
-    the server's log file and ``log_tail`` its last lines.
-    """
-
-    def __init__(self, server: str, timeout: float, log_path: Path | None, log_tail: str) -> None:
-        what = f"did not become ready within {timeout:.1f} s"
-        super().__init__(_describe(server, what, log_path, log_tail))
-        self.server = server
-        self.timeout = timeout
-        self.log_path = log_path
-        self.log_tail = log_tail
-
-    def __reduce__(self) -> tuple[type[ServerNotReadyError], tuple[object, ...]]:
-        return (type(self), (self.server, self.timeout, self.log_path, self.log_tail))
 
 
 class RequirementsInstallError(ServerStartError):

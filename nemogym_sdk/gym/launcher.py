@@ -40,8 +40,8 @@ from nemogym_sdk.directory import ServerDirectory
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.gym.builder import StackBuilder
 from nemogym_sdk.gym.locate import GymVenv, environment_path, find_gym_venv
-from nemogym_sdk.gym.process import ServerProcess, spawn, stop_all, wait_ready
 from nemogym_sdk.gym.specs import ENVIRONMENT_SERVERS, PolicyModel, StackConfig
+from nemogym_sdk.processes import ServerProcess, spawn, stop_all, stopping_on_error, wait_ready
 
 __all__ = ["GymLauncher"]
 
@@ -144,12 +144,9 @@ class GymLauncher:
             log_path=workdir / "logs" / "gym.log",
             health_url=f"{self.head_url}/readyz",
         )
-        try:
+        with stopping_on_error(self._process, stop=self.stop):  # SIGINT first: Ray's way
             wait_ready([self._process], self._ready_timeout)
             self._directory = ServerDirectory.from_head(self.head_url, wait=10)
-        except BaseException:
-            self.stop()
-            raise
         logger.info(
             "NeMo Gym launcher ready in %.1f s: head %s, %d servers",
             time.monotonic() - began,

@@ -46,9 +46,9 @@ import attrs
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.gym.errors import RequirementsInstallError, UvNotFoundError
 from nemogym_sdk.gym.locate import GymVenv, locate_environment
-from nemogym_sdk.gym.process import tail
 from nemogym_sdk.gym.requirements import ServerRequirements, read_server_requirements
 from nemogym_sdk.gym.specs import RESOURCES
+from nemogym_sdk.processes import tail
 
 __all__ = [
     "REQUIREMENTS_CACHE_ENV_VAR",

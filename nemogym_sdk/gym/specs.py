@@ -11,6 +11,7 @@ import attrs
 import yaml
 
 from nemogym_sdk.errors import ConfigError
+from nemogym_sdk.processes.ports import LOOPBACK
 from nemogym_sdk.wire import AGENTS, ENVIRONMENT_SERVERS, MODELS, RESOURCES
 
 __all__ = [
@@ -24,8 +25,6 @@ __all__ = [
     "ServerSpec",
     "StackConfig",
 ]
-
-LOOPBACK = "127.0.0.1"
 
 
 @attrs.frozen(kw_only=True)

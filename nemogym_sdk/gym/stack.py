@@ -2,7 +2,7 @@
 
 A stack is a config builder (:class:`~nemogym_sdk.gym.builder.StackBuilder`: what to
 start and how each server runs) and a process group
-(:class:`~nemogym_sdk.gym.process.ProcessGroup`: the running servers). Where the servers
+(:class:`~nemogym_sdk.processes.ProcessGroup`: the running servers). Where the servers
 listen is :attr:`GymStack.directory`, the :class:`~nemogym_sdk.ServerDirectory` a remote
 deployment's head server gives.
 
@@ -46,9 +46,9 @@ from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.gym.builder import HEAD_SERVER_NAME, Launch, StackBuilder
 from nemogym_sdk.gym.locate import GymVenv, environment_path, find_gym_venv
 from nemogym_sdk.gym.overlay import FileSource
-from nemogym_sdk.gym.process import ProcessGroup, wait_answering
 from nemogym_sdk.gym.server_envs import ServerEnvironment
 from nemogym_sdk.gym.specs import EnvironmentSetup, PolicyModel, StackConfig
+from nemogym_sdk.processes import ProcessGroup, wait_answering
 from nemogym_sdk.records import TaskRow
 
 __all__ = ["HEAD_SERVER_NAME", "GymStack"]

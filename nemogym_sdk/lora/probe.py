@@ -14,7 +14,7 @@ routes are "unknown" (``routes_known=False``) and ``LoraSync`` then replaces an 
 by unloading and loading it, saying so in a log line. A server that cannot be reached is a
 ``TransportError``; one that does not answer in time is a ``DeadlineError``.
 
-Requests go through ``nemogym_sdk._http``, where ``requests``' exceptions become the SDK's.
+Requests go through ``nemogym_sdk._net.http``, where ``requests``' exceptions become the SDK's.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 import attrs
 import requests
 
-from nemogym_sdk._http import owned_session, send, server_message
+from nemogym_sdk._net.http import owned_session, send, server_message
 from nemogym_sdk.errors import LoraSyncError
 from nemogym_sdk.hosts import server_root
 
@@ -132,7 +132,7 @@ def target_url(target: object) -> str | None:
     return None
 
 
-# --- HTTP (through nemogym_sdk._http, the one edge where requests' exceptions are translated)
+# --- HTTP (through nemogym_sdk._net.http, the one edge where requests' exceptions are translated)
 
 
 def request(
@@ -144,7 +144,7 @@ def request(
     headers: Mapping[str, str],
     body: Mapping[str, Any] | None = None,
 ) -> requests.Response:
-    """``_http.send`` with hints for an inference server (is it running? is it busy?)."""
+    """``_net.http.send`` with hints for an inference server (is it running? is it busy?)."""
     return send(
         http,
         method,

@@ -16,7 +16,7 @@ from typing import Any
 
 import requests
 
-from nemogym_sdk._http import server_message
+from nemogym_sdk._net.http import server_message
 from nemogym_sdk.errors import LoraSyncError, NemoGymError
 from nemogym_sdk.lora.probe import (
     ENABLE_RUNTIME_LORA,

@@ -34,7 +34,7 @@ import aiohttp
 import orjson
 import requests
 
-from nemogym_sdk._ready import answered, poll_ready
+from nemogym_sdk._net.ready import answered, poll_ready
 from nemogym_sdk.hosts import openai_url, server_root
 from nemogym_sdk.serve.errors import (
     BadGatewayError,

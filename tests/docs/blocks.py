@@ -329,7 +329,7 @@ def _captured(parse: Callable[[], object]) -> str | None:
 
 def check_train(args: list[str]) -> str | None:
     """``nemogym-train ARGS``: parsed and validated by the trainer's own ``parse_config``."""
-    from nemogym_sdk.train_config import parse_config
+    from nemogym_sdk.train.config import parse_config
 
     args = _user_paths(args)
     if "--config" in args:

@@ -139,7 +139,7 @@ def test_the_settings_page_lists_every_setting(site: Path) -> None:
     """Every ``TrainConfig`` field has a docstring and a row (its flag) on the page."""
     import attrs
 
-    from nemogym_sdk.train_config import TrainConfig
+    from nemogym_sdk.train.config import TrainConfig
 
     names = [field.name for field in attrs.fields(TrainConfig)]
     undocumented = [name for name in names if not hook.field_docstrings().get(name)]

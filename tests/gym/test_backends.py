@@ -8,7 +8,7 @@ import pytest
 import requests
 
 from nemogym_sdk.gym import PolicyModel, ServerStartError, start_serve
-from nemogym_sdk.gym.process import group_alive
+from nemogym_sdk.processes import group_alive
 
 pytest.importorskip("transformers")
 

@@ -30,8 +30,8 @@ from nemogym_sdk.gym import (
     locate_environment,
     resolve_environments,
 )
-from nemogym_sdk.train import environments
-from nemogym_sdk.train_config import parse_config
+from nemogym_sdk.train.config import parse_config
+from nemogym_sdk.train.recipe import environments
 
 from .fakes import counting_ports
 from .stacks import StackFactory

@@ -8,7 +8,7 @@ import pytest
 
 from nemogym_sdk.errors import ConfigError, NotReadyError
 from nemogym_sdk.gym import ServerNotReadyError, ServerStartError
-from nemogym_sdk.gym.process import group_alive
+from nemogym_sdk.processes import group_alive
 
 from .stacks import StackFactory
 

@@ -13,8 +13,8 @@ import yaml
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.gym import GymStack, PolicyModel
 from nemogym_sdk.gym.builder import child_env
-from nemogym_sdk.gym.process import group_alive
 from nemogym_sdk.gym.server_envs import find_uv
+from nemogym_sdk.processes import group_alive
 
 from .fakes import make_venv
 

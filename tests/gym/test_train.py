@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from nemogym_sdk.train_config import TrainConfig, resolve_device
+from nemogym_sdk.train.config import TrainConfig, resolve_device
 
 from .deployment import ToyDeployment
 

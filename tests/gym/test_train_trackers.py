@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from nemogym_sdk.train_config import TRACKERS
+from nemogym_sdk.train.config import TRACKERS
 from tests.test_train_trackers import (
     assert_same,
     expected_series,

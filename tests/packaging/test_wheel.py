@@ -55,7 +55,7 @@ def _found(*modules: str) -> str:
 EXTRA_CHECKS: dict[str, str] = {
     "torch": _found("peft") + "import nemogym_sdk.adapters.torch",
     "serve": "from nemogym_sdk.serve._deps import require_serve_deps as r; r(extra=('peft',))",
-    "train": "from nemogym_sdk.train import _require_train_extra as r; r()",
+    "train": "from nemogym_sdk.train.recipe import _require_train_extra as r; r()",
     "trl": _found("peft") + "import nemogym_sdk.adapters.trl",
     "gym": (  # the uv the extra installs, found beside the venv's python
         "import sys; from pathlib import Path; from nemogym_sdk.gym import find_uv; "

@@ -29,7 +29,7 @@ import pytest
 import requests
 
 from nemogym_sdk.gym import BackendProcess, VllmVenv, VllmVenvNotFoundError, find_vllm_venv
-from nemogym_sdk.gym.vllm import start_vllm
+from nemogym_sdk.samplers.vllm import start_vllm
 from tests.require import absent
 
 SERVED_NAME = "nemogym-tiny"

@@ -18,7 +18,7 @@ from nemogym_sdk.gym import (
     find_vllm_venv,
     start_vllm,
 )
-from nemogym_sdk.gym.process import group_alive
+from nemogym_sdk.processes import group_alive
 
 from .conftest import MODEL_SEED, SERVED_NAME, group_pids, pid_alive
 

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from nemogym_sdk._aio import Attempt, BackgroundLoop, Outcome, post_with_retries
+from nemogym_sdk._net.aio import Attempt, BackgroundLoop, Outcome, post_with_retries
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.policy import RetryPolicy, Timeouts
 from nemogym_sdk.records import RolloutStatus

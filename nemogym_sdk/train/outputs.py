@@ -1,8 +1,8 @@
 """The reference trainer's outputs: ``metrics.jsonl``, the summary and the reward curve
-(checkpoints: ``nemogym_sdk.train_checkpoints``).
+(checkpoints: ``nemogym_sdk.train.checkpoints``).
 
 - ``outputs``: per step, a line of ``metrics.jsonl`` (rank 0), the trackers of
-  ``--report-to`` (``nemogym_sdk.train_trackers``) and the progress bar;
+  ``--report-to`` (``nemogym_sdk.train.trackers``) and the progress bar;
 - ``finish``: ``summary.json`` and ``reward_curve.png``, and where everything is.
 
 Imports tqdm and matplotlib inside the functions that need them.
@@ -16,9 +16,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from nemogym_sdk.train_checkpoints import latest
-from nemogym_sdk.train_config import TrainConfig
-from nemogym_sdk.train_trackers import Trackers
+from nemogym_sdk.train.checkpoints import latest
+from nemogym_sdk.train.config import TrainConfig
+from nemogym_sdk.train.trackers import Trackers
 
 __all__ = [
     "finish",
@@ -33,7 +33,7 @@ __all__ = [
 @contextlib.contextmanager
 def outputs(config: TrainConfig, out: Path, start: int, rank: int) -> Iterator[Any]:
     """``log(line)``: a line of ``metrics.jsonl`` (rank 0), the same numbers to the trackers
-    of ``report_to`` (rank 0; ``nemogym_sdk.train_trackers``) and the progress bar. After
+    of ``report_to`` (rank 0; ``nemogym_sdk.train.trackers``) and the progress bar. After
     the last step the trackers get the reward curve too.
 
     Raises:

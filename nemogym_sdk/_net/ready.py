@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 
 import requests
 
-from nemogym_sdk._http import send
+from nemogym_sdk._net.http import send
 from nemogym_sdk.errors import DeadlineError, TransportError
 
 __all__ = ["answered", "poll_ready", "status_2xx"]

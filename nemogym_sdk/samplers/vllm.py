@@ -5,7 +5,7 @@ for torch 2.13.0+cpu on a CPU box; on a GPU box any venv with ``vllm`` installed
 real deployment keeps it apart from the trainer. The SDK never imports vLLM: it runs that
 venv's interpreter on ``vllm.entrypoints.openai.api_server`` and talks HTTP::
 
-    from nemogym_sdk.gym import start_vllm
+    from nemogym_sdk.samplers import start_vllm
 
     with start_vllm("/models/tiny", served_model_name="nemogym-tiny") as backend:
         backend.base_url                      # "http://127.0.0.1:<port>/v1"
@@ -30,10 +30,8 @@ from pathlib import Path
 import attrs
 
 from nemogym_sdk.errors import ConfigError
-from nemogym_sdk.gym.backends import BackendProcess
-from nemogym_sdk.gym.config import free_loopback_ports
-from nemogym_sdk.gym.process import spawn, stop_all, wait_ready
-from nemogym_sdk.gym.specs import LOOPBACK
+from nemogym_sdk.processes import LOOPBACK, default_log_path, free_loopback_ports, start_server
+from nemogym_sdk.samplers.backend import BackendProcess
 
 __all__ = [
     "VLLM_VENV_ENV_VAR",
@@ -167,28 +165,17 @@ def start_vllm(
     argv += list(extra_args)
     env = {**os.environ, **VLLM_ENV}
     env.pop("PYTHONPATH", None)  # the SDK's path must not shadow the venv's packages
-    log = Path(log_path) if log_path is not None else _default_log(port)
-    process = spawn(
+    process = start_server(
         "vllm",
         argv,
-        cwd=Path.cwd(),
         env=env,
-        log_path=log,
+        log_path=Path(log_path) if log_path is not None else default_log_path("vllm", port),
         health_url=f"http://{LOOPBACK}:{port}/v1/models",
+        ready_timeout=ready_timeout,
+        grace=10.0,
     )
-    try:
-        wait_ready([process], ready_timeout)
-    except BaseException:
-        stop_all([process], grace=10.0)
-        raise
     return BackendProcess(
         process=process,
         base_url=f"http://{LOOPBACK}:{port}/v1",
         served_model_name=served_model_name or str(model_dir),
     )
-
-
-def _default_log(port: int) -> Path:
-    import tempfile
-
-    return Path(tempfile.gettempdir()) / f"nemogym-vllm-{port}-{os.getpid()}.log"

@@ -22,7 +22,7 @@ import attrs
 
 from nemogym_sdk import SamplingParams
 from nemogym_sdk.errors import ConfigError
-from nemogym_sdk.train_config import TrainConfig
+from nemogym_sdk.train.config import TrainConfig
 
 __all__ = ["Setup", "adam", "adapter_state", "build_policy", "prepare", "setup_processes"]
 
@@ -129,7 +129,7 @@ def prepare(model: Any, config: TrainConfig, checkpoint: Path | None, world: int
         shard(model)
     optimizer = adam(model, config)
     if checkpoint is not None:
-        from nemogym_sdk.train_checkpoints import load_optimizer_checkpoint
+        from nemogym_sdk.train.checkpoints import load_optimizer_checkpoint
 
         load_optimizer_checkpoint(model, optimizer, checkpoint)
     return optimizer

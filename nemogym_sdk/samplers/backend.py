@@ -1,9 +1,9 @@
-"""Model backends for a stack, as processes: ``nemogym_sdk.serve`` on a loopback port.
+"""The CPU model server as a process: ``nemogym_sdk.serve`` on a loopback port.
 
 NeMo Gym's ``vllm_model`` needs an OpenAI-compatible backend to sample from. `start_serve`
 launches ``python -m nemogym_sdk.serve`` (the CPU model server) in a process group of its own,
-waits until it answers, and returns a `BackendProcess` whose `policy_model` plugs into
-``GymStack``::
+waits until it answers, and returns a `BackendProcess` (what ``start_vllm`` returns too) whose
+`policy_model` plugs into ``GymStack``::
 
     with start_serve(mode="sample", logprobs_mode="processed_logprobs") as backend:
         model = backend.policy_model("policy")          # the LoRA adapter's served name
@@ -20,12 +20,23 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 
-from nemogym_sdk.gym.config import free_loopback_ports
-from nemogym_sdk.gym.process import ServerProcess, StopOnExit, spawn, stop_all, wait_ready
-from nemogym_sdk.gym.specs import LOOPBACK, PolicyModel
+from nemogym_sdk.processes import (
+    LOOPBACK,
+    ServerProcess,
+    StopOnExit,
+    default_log_path,
+    free_loopback_ports,
+    start_server,
+    stop_all,
+    stopping_on_error,
+)
+
+if TYPE_CHECKING:
+    from nemogym_sdk.gym.specs import PolicyModel
 
 __all__ = ["BackendProcess", "start_serve"]
 
@@ -57,6 +68,8 @@ class BackendProcess(StopOnExit):
         Pass the LoRA adapter's name when training one: NeMo Gym's model server requests that
         name, so every rollout samples the adapter (see ``docs/lora-sync.md``).
         """
+        from nemogym_sdk.gym.specs import PolicyModel  # gym's record; gym imports samplers
+
         return PolicyModel(
             base_url=self.base_url,
             model=model or self.served_model_name,
@@ -103,22 +116,16 @@ def start_serve(
     if served_model_name is not None:
         argv += ["--served-model-name", served_model_name]
     argv += list(extra_args)
-    log = Path(log_path) if log_path is not None else _default_log(port)
-    process = spawn(
+    process = start_server(
         "nemogym_sdk.serve",
         argv,
-        cwd=Path.cwd(),
-        env=os.environ,
-        log_path=log,
+        log_path=Path(log_path) if log_path is not None else default_log_path("serve", port),
         health_url=f"http://{LOOPBACK}:{port}/health",
+        ready_timeout=ready_timeout,
     )
     base_url = f"http://{LOOPBACK}:{port}/v1"
-    try:
-        wait_ready([process], ready_timeout)
+    with stopping_on_error(process):
         served = served_model_name or _base_model_name(base_url)
-    except BaseException:
-        stop_all([process], grace=5.0)
-        raise
     return BackendProcess(process=process, base_url=base_url, served_model_name=served)
 
 
@@ -126,15 +133,9 @@ def _base_model_name(base_url: str) -> str:
     """The name the server serves its base model under: the first card of ``/v1/models``."""
     import requests
 
-    from nemogym_sdk._http import check, send
+    from nemogym_sdk._net.http import check, send
 
     with requests.Session() as http:
         url = f"{base_url}/models"
         answer = check(send(http, "GET", url, timeout=10.0), f"GET {url}")
     return str(answer.json()["data"][0]["id"])
-
-
-def _default_log(port: int) -> Path:
-    import tempfile
-
-    return Path(tempfile.gettempdir()) / f"nemogym-serve-{port}-{os.getpid()}.log"

@@ -8,7 +8,7 @@
 - ``owned_session``: the caller's ``requests.Session``, or one of our own that is closed
   when the block ends, so no session the library opens is left open.
 
-(The asynchronous twin of ``send``, for aiohttp, is ``nemogym_sdk._aio.post``.)
+(The asynchronous twin of ``send``, for aiohttp, is ``nemogym_sdk._net.aio.post``.)
 """
 
 from __future__ import annotations

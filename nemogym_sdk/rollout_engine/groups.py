@@ -1,7 +1,5 @@
-"""What ``RolloutEngine`` hands out, and the rules it paces by.
+"""What ``RolloutEngine`` hands out (pure records; the rules it paces by: ``pacing``).
 
-- ``may_start`` and ``is_due``: the pacing rules (pure functions, so a simulation can run
-  the engine's exact schedule: ``benchmarks/sim_async.py``);
 - ``Group``: one row played ``num_generations`` times; ``EngineStep``: a step's groups and
   how the sampler side fared; ``Leftover``: what ``close`` left untrained;
 - ``EngineStalledError``: a step the pacing can never fill; ``EngineClosedError``: a step
@@ -26,20 +24,7 @@ __all__ = [
     "Leftover",
     "Occupancy",
     "Window",
-    "is_due",
-    "may_start",
 ]
-
-
-def may_start(started: int, published: int, max_staleness: int, groups_per_step: int) -> bool:
-    """The pacing rule: with ``started`` groups started and ``published`` versions published
-    since the start, may another group start?"""
-    return started < (published + max_staleness + 1) * groups_per_step
-
-
-def is_due(started_on: int, step: int, max_staleness: int) -> bool:
-    """Must step ``step`` include a group that started after ``started_on`` publishes?"""
-    return started_on <= step - max_staleness
 
 
 class EngineStalledError(ConfigError):

@@ -4,7 +4,7 @@ Several samplers serve one policy behind `vllm-router <https://pypi.org/project/
 (a Rust binary on PyPI, in a venv of its own: ``.venv-router``, made by ``make router-venv``).
 The SDK never replaces it; it starts it, waits until it routes, and stops it::
 
-    from nemogym_sdk.gym import start_router
+    from nemogym_sdk.samplers import start_router
 
     with start_router([w1.url, w2.url]) as router:
         router.base_url            # "http://127.0.0.1:<port>/v1": what a proxy generates through
@@ -39,10 +39,16 @@ import attrs
 import requests
 
 from nemogym_sdk.errors import ConfigError
-from nemogym_sdk.gym.config import free_loopback_ports
-from nemogym_sdk.gym.process import ServerProcess, StopOnExit, spawn, stop_all, wait_ready
-from nemogym_sdk.gym.specs import LOOPBACK
 from nemogym_sdk.hosts import server_root
+from nemogym_sdk.processes import (
+    LOOPBACK,
+    ServerProcess,
+    StopOnExit,
+    default_log_path,
+    free_loopback_ports,
+    start_server,
+    stop_all,
+)
 
 __all__ = [
     "ROUTER_ENV_VAR",
@@ -172,24 +178,11 @@ def start_router(
     argv += ["--health-check-timeout-secs", "2", "--worker-startup-check-interval", "1"]
     argv += ["--request-timeout-secs", str(int(request_timeout)), "--log-level", "warning"]
     argv += list(extra_args)
-    log = Path(log_path) if log_path is not None else _default_log(port)
-    process = spawn(
+    process = start_server(
         "vllm-router",
         argv,
-        cwd=Path.cwd(),
-        env=os.environ,
-        log_path=log,
+        log_path=Path(log_path) if log_path is not None else default_log_path("router", port),
         health_url=f"http://{LOOPBACK}:{port}/readiness",
+        ready_timeout=ready_timeout,
     )
-    try:
-        wait_ready([process], ready_timeout)
-    except BaseException:
-        stop_all([process], grace=5.0)
-        raise
     return RouterProcess(process=process, url=f"http://{LOOPBACK}:{port}", worker_urls=workers)
-
-
-def _default_log(port: int) -> Path:
-    import tempfile
-
-    return Path(tempfile.gettempdir()) / f"nemogym-router-{port}-{os.getpid()}.log"

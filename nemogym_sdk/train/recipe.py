@@ -11,28 +11,28 @@ trained on rollouts that NeMo Gym's agents play; the sampler (``nemogym_sdk.serv
 vLLM behind it) serves the adapter by name and gets every new version after each step.
 Top to bottom:
 
-    0. config        TrainConfig from the file and the flags (nemogym_sdk.train_config);
+    0. config        TrainConfig from the file and the flags (nemogym_sdk.train.config);
                      environment names, the training rows and their lengths are checked
                      before any server starts
     1. processes     one, or several under torchrun (NCCL on GPUs, gloo on CPUs); rank 0
-                     owns the servers (nemogym_sdk.train_learner)
+                     owns the servers (nemogym_sdk.train.learner)
     2. model         the base model + a LoRA adapter (peft), tokenizer, on ``device``; after
                      version 0 is published, sharded with FSDP2 (``fsdp``) and its optimizer
     3. sampler       start the backend (transformers or vLLM, one or several replicas behind
-                     vllm-router), or attach (nemogym_sdk.train_sampler)
+                     vllm-router), or attach (nemogym_sdk.train.sampler)
     4. environments  start NeMo Gym (GymStack, or NeMo Gym's own launcher), or attach to one
                      or several deployments through their head servers
     5. checks        served name = adapter name, (async) the sampler keeps
                      max_staleness + 2 adapter versions
     6. loop          rollouts -> collate -> advantages -> train_step -> LoRA sync; the
                      rollouts come synchronously or from the RolloutEngine
-                     (nemogym_sdk.train_play)
+                     (nemogym_sdk.train.play)
     7. outputs       metrics.jsonl and the trackers of --report-to, summary.json,
-                     reward_curve.png (nemogym_sdk.train_outputs, train_trackers); atomic
-                     checkpoints and --resume (nemogym_sdk.train_checkpoints)
+                     reward_curve.png (nemogym_sdk.train.outputs, train.trackers); atomic
+                     checkpoints and --resume (nemogym_sdk.train.checkpoints)
     8. faults        SIGINT/SIGTERM, a lost sampler, failures past max_failure_rate, a
                      failed write: stop at a step boundary with a checkpoint, every server
-                     stopped (nemogym_sdk.train_faults; docs/faults.md)
+                     stopped (nemogym_sdk.train.faults; docs/faults.md)
 
 Everything lands in ``out``: ``metrics.jsonl`` (a line per step: the SDK's step metrics,
 ``nemogym_sdk.metrics.RolloutStats`` and ``adapters.torch.StepMetrics``, over every rank,
@@ -72,15 +72,15 @@ from nemogym_sdk.errors import ConfigError, LoraSyncError, NemoGymError
 from nemogym_sdk.hosts import openai_url
 from nemogym_sdk.lora import LoraSync
 from nemogym_sdk.metrics import RolloutStats
-from nemogym_sdk.train_checkpoints import (
+from nemogym_sdk.train.checkpoints import (
     latest,
     load_adapter_checkpoint,
     load_state,
     resume_point,
     save_checkpoint,
 )
-from nemogym_sdk.train_config import TrainConfig, parse_config, resolve_device
-from nemogym_sdk.train_faults import (
+from nemogym_sdk.train.config import TrainConfig, parse_config, resolve_device
+from nemogym_sdk.train.faults import (
     Interrupted,
     RunStoppedError,
     SamplerWatch,
@@ -89,16 +89,16 @@ from nemogym_sdk.train_faults import (
     check_rollouts,
     writing,
 )
-from nemogym_sdk.train_learner import (
+from nemogym_sdk.train.learner import (
     Setup,
     adapter_state,
     build_policy,
     prepare,
     setup_processes,
 )
-from nemogym_sdk.train_outputs import finish, outputs
-from nemogym_sdk.train_play import play
-from nemogym_sdk.train_sampler import sampler
+from nemogym_sdk.train.outputs import finish, outputs
+from nemogym_sdk.train.play import play
+from nemogym_sdk.train.sampler import sampler
 from nemogym_sdk.wire import RESPONSES_CREATE_PARAMS, input_messages
 
 __all__ = ["build_policy", "main", "run"]
@@ -106,8 +106,8 @@ __all__ = ["build_policy", "main", "run"]
 logger = logging.getLogger(__name__)
 
 
-# --- 1. processes, 2. model: nemogym_sdk.train_learner -----------------------------------
-# --- 3. sampler: nemogym_sdk.train_sampler -------------------------------------------------
+# --- 1. processes, 2. model: nemogym_sdk.train.learner -----------------------------------
+# --- 3. sampler: nemogym_sdk.train.sampler -------------------------------------------------
 
 
 # --- 4. environments ----------------------------------------------------------------------
@@ -454,7 +454,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"nemogym-train: {type(exc).__name__}: {exc}{where}{see}", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

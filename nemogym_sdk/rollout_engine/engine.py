@@ -46,32 +46,22 @@ from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any, Self
 
-from nemogym_sdk._aio import BackgroundLoop
+from nemogym_sdk._net.aio import BackgroundLoop
 from nemogym_sdk.client import AgentClient
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.records import ParseOptions, Rollout, RolloutRequest, RolloutStatus, TaskRow
-from nemogym_sdk.rollout_groups import (
+from nemogym_sdk.rollout_engine.groups import (
     EngineClosedError,
     EngineStalledError,
     EngineStep,
     Group,
     Leftover,
     Occupancy,
-    is_due,
-    may_start,
 )
+from nemogym_sdk.rollout_engine.pacing import is_due, may_start, take_order
 from nemogym_sdk.turns import stamp
 
-__all__ = [
-    "EngineClosedError",
-    "EngineStalledError",
-    "EngineStep",
-    "Group",
-    "Leftover",
-    "RolloutEngine",
-    "is_due",
-    "may_start",
-]
+__all__ = ["RolloutEngine"]
 
 logger = logging.getLogger(__name__)
 
@@ -327,10 +317,7 @@ class RolloutEngine:
 
     def _take(self) -> tuple[Group, ...]:
         due = set(self._due())
-        order = sorted(
-            self._finished.values(), key=lambda g: (g.index not in due, g.started_on, g.index)
-        )
-        taken = order[: self.groups_per_step]
+        taken = take_order(self._finished.values(), due)[: self.groups_per_step]
         for group in taken:
             del self._finished[group.index]
         return tuple(taken)

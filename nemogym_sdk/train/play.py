@@ -23,7 +23,7 @@ from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from nemogym_sdk import AgentClient, ParseOptions, Rollout, RolloutEngine, TaskRow, ranks
-from nemogym_sdk.train_config import TrainConfig
+from nemogym_sdk.train.config import TrainConfig
 
 __all__ = ["Played", "play", "rows_for_step"]
 

@@ -32,10 +32,10 @@ from pathlib import Path
 import attrs
 
 from nemogym_sdk.errors import ConfigError
-from nemogym_sdk.gym.backends import BackendProcess, start_serve
-from nemogym_sdk.gym.process import StopOnExit
-from nemogym_sdk.gym.router import RouterProcess, start_router
 from nemogym_sdk.hosts import openai_url
+from nemogym_sdk.processes import StopOnExit
+from nemogym_sdk.samplers.backend import BackendProcess, start_serve
+from nemogym_sdk.samplers.router import RouterProcess, start_router
 
 __all__ = ["SamplerFleet", "start_proxy", "start_samplers"]
 
@@ -216,7 +216,7 @@ def _replica(
     extra_args: Sequence[str],
 ) -> BackendProcess:
     if backend == "vllm":
-        from nemogym_sdk.gym.vllm import start_vllm
+        from nemogym_sdk.samplers.vllm import start_vllm
 
         return start_vllm(
             model,

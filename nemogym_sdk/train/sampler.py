@@ -21,10 +21,10 @@ from pathlib import Path
 
 import requests
 
-from nemogym_sdk._http import check, send
+from nemogym_sdk._net.http import check, send
 from nemogym_sdk.errors import ConfigError, NemoGymError
 from nemogym_sdk.hosts import openai_url
-from nemogym_sdk.train_config import TrainConfig
+from nemogym_sdk.train.config import TrainConfig
 
 __all__ = ["sampler"]
 
@@ -46,7 +46,7 @@ def sampler(config: TrainConfig, out: Path, device: str = "cpu") -> Iterator[str
             ) from None
         yield url
         return
-    from nemogym_sdk.gym import start_serve
+    from nemogym_sdk.samplers import start_serve
 
     model = None if config.model == "tiny" else config.model
     if config.replicas > 1 or config.router_url is not None:
@@ -68,8 +68,7 @@ def sampler(config: TrainConfig, out: Path, device: str = "cpu") -> Iterator[str
 
 def _vllm_sampler(config: TrainConfig, out: Path, model: str | None, device: str) -> Iterator[str]:
     """Real vLLM, with ``nemogym_sdk.serve`` in front splicing token-exact multi-turn prompts."""
-    from nemogym_sdk.gym import start_vllm
-    from nemogym_sdk.gym.replicas import start_proxy
+    from nemogym_sdk.samplers import start_proxy, start_vllm
     from nemogym_sdk.serve.tiny import save_tiny
 
     model_dir = Path(model) if model is not None else save_tiny(out / "model", config.seed)
@@ -105,8 +104,7 @@ def _replicated_sampler(
 ) -> Iterator[str]:
     """Several replicas behind ``vllm-router``, ``nemogym_sdk.serve`` in front of it: the
     ones started here (``replicas``), or running ones (``router_url`` + ``replica_urls``)."""
-    from nemogym_sdk.gym import start_samplers
-    from nemogym_sdk.gym.replicas import start_proxy
+    from nemogym_sdk.samplers import start_proxy, start_samplers
     from nemogym_sdk.serve.tiny import save_tiny
 
     model_dir = Path(model) if model is not None else save_tiny(out / "model", config.seed)

@@ -1,5 +1,7 @@
 """Server processes: start with a log file and a process group of their own, wait, stop.
 
+``spawn`` starts one, ``wait_ready`` polls until it answers, ``stop_all`` ends process
+groups, ``tail`` quotes a log; ``ProcessGroup`` does the same for the servers of one stack.
 Every process is started with ``start_new_session=True``, so it leads a process group
 that holds it and anything it spawns. Stopping sends SIGTERM to the group, waits a
 grace period, then SIGKILLs whatever is left of the group. Nothing is ever killed by
@@ -22,8 +24,8 @@ from typing import Self
 import attrs
 import requests
 
-from nemogym_sdk._ready import answered, poll_ready
-from nemogym_sdk.gym.errors import ServerNotReadyError, ServerStartError
+from nemogym_sdk._net.ready import answered, poll_ready
+from nemogym_sdk.processes.errors import ServerNotReadyError, ServerStartError
 
 __all__ = [
     "ProcessGroup",
@@ -198,7 +200,7 @@ def spawn(
 
 def wait_ready(processes: Sequence[ServerProcess], timeout: float) -> None:
     """Poll every process's health URL until all answer 2xx (the SDK's one poller,
-    ``nemogym_sdk._ready.poll_ready``).
+    ``nemogym_sdk._net.ready.poll_ready``).
 
     Raises :class:`ServerStartError` as soon as one exits, and
     :class:`ServerNotReadyError` naming the first laggard when ``timeout`` passes.

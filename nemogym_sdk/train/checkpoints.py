@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from nemogym_sdk.errors import ConfigError
-from nemogym_sdk.train_faults import writing
+from nemogym_sdk.train.faults import writing
 
 __all__ = [
     "checkpoints",

@@ -33,7 +33,7 @@ import attrs
 from nemogym_sdk import _extras
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.metrics import scalars
-from nemogym_sdk.train_config import TrainConfig
+from nemogym_sdk.train.config import TrainConfig
 
 __all__ = [
     "PROJECT",

@@ -1,4 +1,5 @@
-"""Process groups, readiness and shutdown, with small Python children instead of NeMo Gym."""
+"""Process groups, readiness, shutdown and the one start recipe (``nemogym_sdk.processes``),
+with small Python children instead of real servers."""
 
 from __future__ import annotations
 
@@ -10,8 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from nemogym_sdk.gym import ServerNotReadyError, ServerStartError, free_loopback_ports
-from nemogym_sdk.gym.process import ServerProcess, group_alive, spawn, stop_all, tail, wait_ready
+from nemogym_sdk.processes import (
+    ServerNotReadyError,
+    ServerProcess,
+    ServerStartError,
+    free_loopback_ports,
+    group_alive,
+    spawn,
+    start_server,
+    stop_all,
+    tail,
+    wait_ready,
+)
+from nemogym_sdk.processes import start as start_module
 
 HTTP_SERVER = """
 import http.server, sys
@@ -121,3 +133,63 @@ def test_tail_of_missing_and_long_files(tmp_path: Path) -> None:
     path = tmp_path / "long.log"
     path.write_text("".join(f"{i}\n" for i in range(100_000)))
     assert tail(path, 3) == "99997\n99998\n99999"
+
+
+def _recording_spawns(monkeypatch: pytest.MonkeyPatch) -> list[ServerProcess]:
+    """Every process ``start_server`` spawns, kept for the test to inspect."""
+    spawned: list[ServerProcess] = []
+
+    def recording(*args: object, **kwargs: object) -> ServerProcess:
+        process = spawn(*args, **kwargs)  # type: ignore[arg-type]
+        spawned.append(process)
+        return process
+
+    monkeypatch.setattr(start_module, "spawn", recording)
+    return spawned
+
+
+def test_start_server_returns_a_server_that_answers(tmp_path: Path) -> None:
+    """The recipe: spawn, wait until the health URL answers, hand the process over."""
+    (port,) = free_loopback_ports(1)
+    argv = [sys.executable, "-c", HTTP_SERVER, str(port)]
+    proc = start_server(
+        "web",
+        argv,
+        log_path=tmp_path / "web.log",
+        health_url=f"http://127.0.0.1:{port}/",
+        ready_timeout=30,
+    )
+    try:
+        assert proc.popen.poll() is None and "serving" in proc.tail()
+    finally:
+        stop_all([proc], grace=5)
+    assert not group_alive(proc.pid)
+
+
+@pytest.mark.parametrize("failure", ["deadline", "interrupt"])
+def test_start_server_stops_the_group_before_any_failure_propagates(
+    failure: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that never answers, or a Ctrl-C while waiting: the error propagates, and
+    the process group (the child it started too) is gone by then."""
+    spawned = _recording_spawns(monkeypatch)
+    expected: type[BaseException] = ServerNotReadyError
+    if failure == "interrupt":
+        expected = KeyboardInterrupt
+
+        def interrupted(processes: object, timeout: float) -> None:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(start_module, "wait_ready", interrupted)
+    with pytest.raises(expected):
+        start_server(
+            "stubborn",
+            [sys.executable, "-c", STUBBORN],
+            log_path=tmp_path / "stubborn.log",
+            health_url="http://127.0.0.1:9/",
+            ready_timeout=0.5,
+            grace=0.5,
+        )
+    (proc,) = spawned
+    assert proc.popen.returncode is not None
+    assert not group_alive(proc.pid)
