@@ -16,13 +16,26 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import attrs
 
 from nemogym_sdk import SamplingParams
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.train.config import TrainConfig
+
+if TYPE_CHECKING:  # torch, peft and transformers load when a run builds its policy
+    import torch
+    from peft import PeftModel
+    from torch.optim import Optimizer
+    from transformers import PreTrainedTokenizerBase
+
+    from nemogym_sdk.adapters.torch import PolicyLoss
+
+    Tokenizer: TypeAlias = PreTrainedTokenizerBase
+    AdapterState: TypeAlias = dict[str, torch.Tensor] | None
+    """The full adapter state of a sharded policy (rank 0), or None: ``LoraSync`` saves the
+    model's own."""
 
 __all__ = ["Setup", "adam", "adapter_state", "build_policy", "prepare", "setup_processes"]
 
@@ -42,15 +55,15 @@ def setup_processes(device: str) -> tuple[int, int]:
     return 0, 1
 
 
-def build_policy(config: TrainConfig, device: str = "cpu") -> tuple[Any, Any]:
+def build_policy(config: TrainConfig, device: str = "cpu") -> tuple[PeftModel, Tokenizer]:
     """(the base model with a fresh LoRA adapter, on ``device``, its tokenizer); the same
     weights on every rank (built or loaded on the CPU in float32, then moved, in ``dtype``;
     the LoRA weights stay float32)."""
     import torch
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, PeftModel, get_peft_model
 
     base: Any
-    tokenizer: Any
+    tokenizer: Tokenizer
     if config.model == "tiny":
         from nemogym_sdk.serve.tiny import build_tiny_model, build_tiny_tokenizer
 
@@ -70,7 +83,9 @@ def build_policy(config: TrainConfig, device: str = "cpu") -> tuple[Any, Any]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", ".*is_gradient_checkpointing", FutureWarning)
         dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
-        return get_peft_model(base.to(device=device, dtype=dtype), lora), tokenizer
+        policy = get_peft_model(base.to(device=device, dtype=dtype), lora)
+    assert isinstance(policy, PeftModel)  # no mixed-adapter model: one adapter, one type
+    return policy, tokenizer
 
 
 @attrs.frozen(kw_only=True)
@@ -84,13 +99,13 @@ class Setup:
     sampling: SamplingParams
     """How the rollouts are sampled: forced onto every row by ``AgentClient`` and used by
     ``train_step`` for the learner's logprobs (one record, so the two cannot differ)."""
-    loss: Any
-    """The policy loss (``PolicyLoss``)."""
+    loss: PolicyLoss
+    """The policy loss."""
     pad: int
     """The padding token id."""
 
     @classmethod
-    def of(cls, config: TrainConfig, device: str, tokenizer: Any) -> Setup:
+    def of(cls, config: TrainConfig, device: str, tokenizer: Tokenizer) -> Setup:
         from nemogym_sdk.adapters.torch import PolicyLoss
 
         eos = int(tokenizer.eos_token_id)
@@ -109,14 +124,16 @@ class Setup:
         )
 
 
-def adam(model: Any, config: TrainConfig) -> Any:
+def adam(model: PeftModel, config: TrainConfig) -> Optimizer:
     """Adam over the trainable (LoRA) parameters."""
     import torch
 
     return torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=config.lr)
 
 
-def prepare(model: Any, config: TrainConfig, checkpoint: Path | None, world: int) -> Any:
+def prepare(
+    model: PeftModel, config: TrainConfig, checkpoint: Path | None, world: int
+) -> Optimizer:
     """The optimizer, once the first version is published: the policy sharded first
     (``fsdp``), the optimizer state of ``checkpoint`` (``--resume``) loaded."""
     if config.fsdp:
@@ -135,7 +152,7 @@ def prepare(model: Any, config: TrainConfig, checkpoint: Path | None, world: int
     return optimizer
 
 
-def adapter_state(model: Any) -> Any:
+def adapter_state(model: PeftModel) -> AdapterState:
     """The full adapter state for ``LoraSync.sync(model, state_dict=...)`` when the policy is
     sharded (a collective: every rank calls it; rank 0 gets it), else None."""
     from nemogym_sdk.adapters.torch.sharding import full_state_dict, is_sharded

@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from nemogym_sdk.train.checkpoints import latest
 from nemogym_sdk.train.config import TrainConfig
 from nemogym_sdk.train.trackers import Trackers
 
 __all__ = [
+    "MetricsLog",
     "finish",
     "open_metrics",
     "outputs",
@@ -30,8 +31,12 @@ __all__ = [
 ]
 
 
+MetricsLog: TypeAlias = Callable[[dict[str, Any]], None]
+"""``log(line)``: one step's metrics to ``metrics.jsonl``, the trackers and the progress bar."""
+
+
 @contextlib.contextmanager
-def outputs(config: TrainConfig, out: Path, start: int, rank: int) -> Iterator[Any]:
+def outputs(config: TrainConfig, out: Path, start: int, rank: int) -> Iterator[MetricsLog]:
     """``log(line)``: a line of ``metrics.jsonl`` (rank 0), the same numbers to the trackers
     of ``report_to`` (rank 0; ``nemogym_sdk.train.trackers``) and the progress bar. After
     the last step the trackers get the reward curve too.

@@ -20,12 +20,12 @@ import contextlib
 import logging
 import time
 from collections.abc import Generator, Iterator, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from nemogym_sdk import AgentClient, ParseOptions, Rollout, RolloutEngine, TaskRow, ranks
 from nemogym_sdk.train.config import TrainConfig
 
-__all__ = ["Played", "play", "rows_for_step"]
+__all__ = ["Played", "RolloutSource", "play", "rows_for_step"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +38,22 @@ class Played(NamedTuple):
     """Seconds the learner waited for them."""
     metrics: dict[str, float]
     """The rollout side's own step metrics (the engine's, in async mode)."""
+
+
+class RolloutSource(Protocol):
+    """What ``play()`` yields: the learner's side of the rollouts, in either mode."""
+
+    def steps(self) -> Iterator[Played]:
+        """Each step's rollouts (whole groups of this rank), in order, without end."""
+        ...
+
+    def published(self, version: int | None) -> None:
+        """The learner published adapter ``version`` (async: more groups may start)."""
+        ...
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint records of it (async: the groups started, not yet trained)."""
+        ...
 
 
 def rows_for_step(rows: Sequence[TaskRow], step: int, config: TrainConfig) -> list[TaskRow]:
@@ -163,7 +179,7 @@ def play(
     eos: int,
     resumed: Mapping[str, Any],
     leftover: dict[str, Any],
-) -> Iterator[_Sync | _Async]:
+) -> Iterator[RolloutSource]:
     """The rollout side of a run in ``config.mode``; ``leftover`` receives what it left
     untrained when the run ends (async mode: groups in flight, cancelled and counted)."""
     source: _Sync | _Async = (

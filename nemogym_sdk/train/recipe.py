@@ -49,9 +49,9 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -96,10 +96,16 @@ from nemogym_sdk.train.learner import (
     prepare,
     setup_processes,
 )
-from nemogym_sdk.train.outputs import finish, outputs
-from nemogym_sdk.train.play import play
+from nemogym_sdk.train.outputs import MetricsLog, finish, outputs
+from nemogym_sdk.train.play import Played, RolloutSource, play
 from nemogym_sdk.train.sampler import sampler
 from nemogym_sdk.wire import RESPONSES_CREATE_PARAMS, input_messages
+
+if TYPE_CHECKING:  # the learner's types; torch and peft load only when a run starts
+    from peft import PeftModel
+    from torch.optim import Optimizer
+
+    from nemogym_sdk.train.learner import AdapterState, Tokenizer
 
 __all__ = ["build_policy", "main", "run"]
 
@@ -160,7 +166,7 @@ def environments(config: TrainConfig, base_url: str, out: Path) -> Iterator[list
 
 @contextlib.contextmanager
 def servers(
-    config: TrainConfig, out: Path, device: str, model: Any, first_version: int = 0
+    config: TrainConfig, out: Path, device: str, model: PeftModel, first_version: int = 0
 ) -> Iterator[tuple[list[ServerDirectory], LoraSync | None]]:
     """Rank 0 starts the sampler and the environments and publishes the first adapter
     version (``first_version``: the steps a resumed run's checkpoint holds, so the versions
@@ -200,13 +206,14 @@ def check_versions_kept(sync: LoraSync, config: TrainConfig) -> None:
         sync.require_versions_kept(config.adapter_versions)
 
 
-def check_lengths(rows: Sequence[TaskRow], tokenizer: Any, config: TrainConfig) -> None:
+def check_lengths(rows: Sequence[TaskRow], tokenizer: Tokenizer, config: TrainConfig) -> None:
     """Every row's prompt plus its completion budget must fit the sampler's context."""
     for row in rows:
         prompt = tokenizer.apply_chat_template(
             input_messages(row.data), add_generation_prompt=True, tokenize=True
         )
-        prompt_len = len(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+        # a BatchEncoding (transformers 5) or the ids themselves (earlier releases)
+        prompt_len = len(prompt["input_ids"] if isinstance(prompt, Mapping) else prompt)
         per_call = row.data[RESPONSES_CREATE_PARAMS].get("max_output_tokens") or 0
         budget = config.max_completion_length or per_call
         if prompt_len + budget > config.max_model_len:
@@ -221,7 +228,11 @@ def check_lengths(rows: Sequence[TaskRow], tokenizer: Any, config: TrainConfig) 
 
 
 def learn(
-    played: list[Rollout], model: Any, optimizer: Any, sync: LoraSync | None, setup: Setup
+    played: list[Rollout],
+    model: PeftModel,
+    optimizer: Optimizer,
+    sync: LoraSync | None,
+    setup: Setup,
 ) -> dict[str, Any]:
     """One step on the played rollouts: collate, advantages, ``train_step``, then the new
     adapter to the sampler (rank 0); the step's metrics over every rank, with its timings."""
@@ -261,41 +272,62 @@ def learn(
     }
 
 
-def publish(sync: LoraSync | None, model: Any, state: Any, retries: int) -> int | None:
+def publish(
+    sync: LoraSync | None, model: PeftModel, state: AdapterState, retries: int
+) -> int | None:
     """The new adapter version, published (rank 0); a refused publish (every replica back on
-    the last version) is tried again ``retries`` times, then raises."""
-    for attempt in range(retries + 1):
+    the last version) is tried again ``retries`` times, and the last refusal raises."""
+    if sync is None:
+        return None
+    for attempt in range(retries):
         try:
-            return None if sync is None else sync.sync(model, state_dict=state).version
+            return sync.sync(model, state_dict=state).version
         except LoraSyncError as exc:
-            if attempt == retries:
-                raise
             logger.warning("publish refused (%s); trying again (%d left)", exc, retries - attempt)
             time.sleep(min(30.0, 2.0**attempt))
-    raise AssertionError("unreachable")
+    return sync.sync(model, state_dict=state).version  # the last try: a refusal propagates
 
 
 @attrs.define
-class Done:
-    """How far a run got: steps finished (logged), and the step of the newest checkpoint."""
+class Progress:
+    """How far a run got, which the stop path reads to decide on a last checkpoint."""
 
     out: Path
     steps: int
+    """Steps finished (their metrics logged)."""
     saved: int
-    clean: bool = True
-    """Whether the learner's weights are those of ``steps`` finished steps (False between
-    the optimizer's update and the step's metrics line, or after a failed write)."""
+    """The step of the newest checkpoint."""
+    consistent: bool = True
+    """Whether the learner's weights are those of ``steps`` finished steps: not between the
+    optimizer's update and the step's metrics line, nor after a failed checkpoint write."""
+
+    def learning(self) -> None:
+        """A step (or a checkpoint write) has started changing what a checkpoint would hold."""
+        self.consistent = False
+
+    def finished(self, steps: int) -> None:
+        """``steps`` steps are finished and logged."""
+        self.steps, self.consistent = steps, True
+
+    def checkpointed(self) -> None:
+        """The newest checkpoint holds the finished steps."""
+        self.saved, self.consistent = self.steps, True
+
+    def worth_a_checkpoint(self) -> bool:
+        """Whether stopping now should write a checkpoint: finished steps the newest one
+        lacks, with the weights between steps."""
+        return self.consistent and self.steps > self.saved
 
 
 def train_steps(
-    source: Any,
-    model: Any,
-    optimizer: Any,
+    source: RolloutSource,
+    model: PeftModel,
+    optimizer: Optimizer,
     sync: LoraSync | None,
     setup: Setup,
-    log: Any,
+    log: MetricsLog,
     curve: list[float],
-    done: Done,
+    done: Progress,
     signals: StopSignals,
 ) -> None:
     """The loop: each step's rollouts checked, learned from, logged and checkpointed. A stop
@@ -309,7 +341,7 @@ def train_steps(
         # stopped here, the weights are those of the finished steps (a checkpoint keeps them)
         ranks.on_main(functools.partial(check_rollouts, step, failures, rollouts, limit, sampler))
         with signals.deferred():
-            done.clean = False
+            done.learning()
             line: dict[str, Any] = {"step": step, "device": setup.device}
             line |= {"rollout_s": played.waited_s, **played.metrics}
             line |= learn(played.rollouts, model, optimizer, sync, setup)
@@ -320,23 +352,29 @@ def train_steps(
             curve.append(line["reward_mean"])
             with writing(f"{done.out / 'metrics.jsonl'}", latest(done.out)):
                 log(line)
-            done.steps, done.clean = step + 1, True
+            done.finished(step + 1)
             if done.steps % config.checkpoint_every == 0 or done.steps == config.steps:
                 checkpoint(model, optimizer, source, curve, done, write=rank == 0)
 
 
 def checkpoint(
-    model: Any, optimizer: Any, source: Any, curve: list[float], done: Done, *, write: bool
+    model: PeftModel,
+    optimizer: Optimizer,
+    source: RolloutSource,
+    curve: list[float],
+    done: Progress,
+    *,
+    write: bool,
 ) -> None:
     """A checkpoint of the ``done.steps`` finished steps (every rank: a sharded policy is
     gathered; ``write`` on the one that writes)."""
-    done.clean = False  # a failed write is not tried again
+    done.learning()  # a failed write is not tried again
     state = {"engine": source.state()}
     save_checkpoint(model, optimizer, done.out, done.steps, curve, state, write=write)
-    done.saved, done.clean = done.steps, True
+    done.checkpointed()
 
 
-def failed_rollouts(played: Any) -> Counter[str]:
+def failed_rollouts(played: Played) -> Counter[str]:
     """This rank's failed rollouts of a step, by status (episodes ``cut_stragglers`` ended
     are not failures of the environment)."""
     counts = Counter(r.status.value for r in played.rollouts if not r.ok)
@@ -370,7 +408,7 @@ def run(config: TrainConfig, *, signals: StopSignals | None = None) -> dict[str,
     resumed_from = resume_point(out) if config.resume else None
     start, curve = load_adapter_checkpoint(model, resumed_from) if resumed_from else (0, [])
     resumed = load_state(resumed_from).get("engine", {}) if resumed_from else {}
-    done = Done(out=out, steps=start, saved=start)
+    done = Progress(out=out, steps=start, saved=start)
     leftover: dict[str, Any] = {}
     with (
         servers(config, out, setup.device, model, start) as (deployments, sync),
@@ -402,18 +440,18 @@ def run(config: TrainConfig, *, signals: StopSignals | None = None) -> dict[str,
 
 def stop_checkpoint(
     stopped: BaseException,
-    model: Any,
-    optimizer: Any,
-    source: Any,
+    model: PeftModel,
+    optimizer: Optimizer,
+    source: RolloutSource,
     curve: list[float],
-    done: Done,
+    done: Progress,
     world: int,
 ) -> None:
     """A run stopping mid-way keeps the steps it finished: a checkpoint at the last step
     boundary, unless the newest one is it, the weights are between steps, or (several
     processes, a stop signal) the ranks may be at different points of the step."""
     racing = world > 1 and isinstance(stopped, Interrupted)
-    if done.clean and done.steps > done.saved and not racing:
+    if done.worth_a_checkpoint() and not racing:
         checkpoint(model, optimizer, source, curve, done, write=ranks.rank() == 0)
 
 
