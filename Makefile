@@ -123,7 +123,7 @@ typecheck: install
 # groups first. pytest-timeout ends a hung test (pyproject.toml: timeout). TEST_WORKERS=0
 # runs in one process.
 TEST_WORKERS ?= auto
-XDIST := -n $(TEST_WORKERS) --maxprocesses 4 --dist loadgroup --no-loadscope-reorder
+XDIST := -n $(TEST_WORKERS) --maxprocesses 4 --dist loadscope --no-loadscope-reorder
 PYTEST_ARGS ?=
 
 # The venvs and the static checks are built side by side, then the whole suite runs.

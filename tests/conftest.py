@@ -3,8 +3,8 @@
 ``HYPOTHESIS_PROFILE=ci`` (the default) runs a few hundred examples per property;
 ``HYPOTHESIS_PROFILE=fuzz`` (``make fuzz``) runs at least 10,000.
 
-Every test is put in an xdist group and the groups are ordered longest first
-(``tests/scheduling.py``); without ``-n`` the order is the same and the groups do nothing.
+The tests are ordered by group, longest group first, and pytest-xdist hands a group at a
+time to a worker (``tests/scheduling.py``); without ``-n`` the order is the same.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.scheduling import schedule
+from tests.scheduling import GroupScheduling, schedule
 
 settings.register_profile(
     "ci",
@@ -36,5 +36,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Groups for pytest-xdist, longest first (before xdist reads the groups)."""
+    """The groups, longest first (before ``tests/vllm`` orders its own tests)."""
     schedule(items)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> GroupScheduling:
+    """pytest-xdist hands out whole groups (``tests/scheduling.py``)."""
+    return GroupScheduling(config, log)

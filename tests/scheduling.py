@@ -1,9 +1,9 @@
-"""How ``make test`` spreads the suite over pytest-xdist workers (``--dist loadgroup``).
+"""How ``make test`` spreads the suite over pytest-xdist workers.
 
-Every test gets an ``xdist_group``: tests of one group run on one worker, in collection
-order, so a module's module-scoped fixtures (its NeMo Gym stacks, its cluster) start once.
-The group is the test's module, except for what must not overlap with itself on a 2-core
-machine, which shares one group and so one worker, one after another:
+Tests of one group run on one worker, in collection order, so a module's module-scoped
+fixtures (its NeMo Gym stacks, its cluster) start once. The group is the test's module,
+except for what must not overlap with itself on a 2-core machine, which shares one group
+and so one worker, one after another:
 
 - ``heavy``: every test that starts real vLLM (two vLLM servers never run at once; the
   shared session server of ``tests/vllm`` starts after the modules that start their own),
@@ -13,6 +13,10 @@ machine, which shares one group and so one worker, one after another:
 Groups are handed out longest first, by the seconds ``tests/durations.json`` records per
 module (refreshed from a JUnit report by ``python -m tests.scheduling junit.xml``), so the
 longest module does not start last. A module it does not list counts as 0 s.
+
+The groups are xdist's scopes (``GroupScheduling``, installed by ``tests/conftest.py``
+through ``pytest_xdist_make_scheduler``), not ``xdist_group`` marks: xdist 3.8 marks a
+group by appending it to the test's node id, which pytest 9.2's node ids no longer take.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 TESTS = Path(__file__).resolve().parent
 DURATIONS = TESTS / "durations.json"
@@ -38,19 +43,26 @@ HEAVY_MODULES = frozenset(
 """Modules in the ``heavy`` group besides every test marked ``vllm`` and ``tests/vllm``."""
 
 
-def module_of(item: pytest.Item) -> str:
-    """``tests/...py``: the test's module, relative to the repository."""
-    return item.nodeid.split("::", 1)[0]
+def module_of(nodeid: str) -> str:
+    """``tests/...py``: the module of a test's node id, relative to the repository."""
+    return nodeid.split("::", 1)[0]
 
 
-def group_of(item: pytest.Item) -> str:
-    """The xdist group of a test (see the module docstring)."""
-    module = module_of(item)
+def group_of(nodeid: str) -> str:
+    """The group of a test (see the module docstring). Every test marked ``vllm`` lives in
+    ``tests/vllm``; ``test_every_vllm_test_is_in_the_heavy_group`` keeps it so."""
+    module = module_of(nodeid)
     if module in HEAVY_MODULES or module.startswith("tests/vllm/"):
         return HEAVY
-    if item.get_closest_marker("vllm") is not None:
-        return HEAVY
     return module
+
+
+class GroupScheduling(LoadScopeScheduling):
+    """xdist's load-scope scheduling with ``group_of`` as the scope: a group at a time to a
+    worker, in the order of the collection (run with ``--no-loadscope-reorder``)."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return group_of(nodeid)
 
 
 def recorded_seconds() -> dict[str, float]:
@@ -62,16 +74,14 @@ def recorded_seconds() -> dict[str, float]:
 
 
 def schedule(items: list[pytest.Item]) -> None:
-    """Mark every item with its group and order the groups longest first (in place); the
-    order within a group is the collection's."""
+    """Order the groups longest first (in place); the order within a group is the
+    collection's."""
     seconds = recorded_seconds()
     groups: dict[str, list[pytest.Item]] = defaultdict(list)
     for item in items:
-        group = group_of(item)
-        item.add_marker(pytest.mark.xdist_group(group))
-        groups[group].append(item)
+        groups[group_of(item.nodeid)].append(item)
     cost = {
-        name: sum(seconds.get(m, 0.0) for m in {module_of(i) for i in members})
+        name: sum(seconds.get(m, 0.0) for m in {module_of(i.nodeid) for i in members})
         for name, members in groups.items()
     }
     ordered = sorted(groups, key=lambda name: -cost[name])  # stable: ties keep their order

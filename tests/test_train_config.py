@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import pytest
 
 from nemogym_sdk import ConfigError
@@ -102,3 +103,20 @@ def test_the_deprecated_train_config_module_is_an_alias() -> None:
     assert nemogym_sdk.train_config.TrainConfig is nemogym_sdk.train.config.TrainConfig
     assert nemogym_sdk.train_config.parse_config is nemogym_sdk.train.config.parse_config
     assert set(nemogym_sdk.train_config.__all__) == set(nemogym_sdk.train.config.__all__)
+
+
+def test_help_shows_each_settings_docstring(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--help`` gives every flag its field's docstring (the settings page's text) and its
+    default, not the default alone."""
+    from nemogym_sdk.train.config import field_docs
+
+    docs = field_docs()
+    assert set(docs) == {f.name for f in attrs.fields(TrainConfig)}
+    with pytest.raises(SystemExit) as exited:
+        parse_config(["--help"])
+    assert exited.value.code == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    for name, doc in docs.items():
+        first_words = " ".join(doc.replace("``", "").split()[:4])
+        assert first_words in shown, (name, first_words)
+    assert "(default: 20)" in shown  # steps

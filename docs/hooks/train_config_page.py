@@ -26,20 +26,8 @@ _RST_LITERAL = re.compile(r"``(.+?)``")
 
 
 def field_docstrings() -> dict[str, str]:
-    """Each ``TrainConfig`` field's docstring (the string right after it), by field name."""
-    tree = ast.parse(Path(inspect.getfile(train_config)).read_text())
-    (cls,) = (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TrainConfig")
-    found: dict[str, str] = {}
-    for node, after in zip(cls.body, [*cls.body[1:], None], strict=True):
-        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
-            continue
-        if (
-            isinstance(after, ast.Expr)
-            and isinstance(after.value, ast.Constant)
-            and isinstance(after.value.value, str)
-        ):
-            found[node.target.id] = inspect.cleandoc(after.value.value)
-    return found
+    """Each ``TrainConfig`` field's docstring, by field name (``--help`` shows the same)."""
+    return train_config.field_docs()
 
 
 def field_types() -> dict[str, str]:

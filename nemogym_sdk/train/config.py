@@ -9,6 +9,10 @@ fix it.
 from __future__ import annotations
 
 import argparse
+import ast
+import functools
+import inspect
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -32,6 +36,7 @@ __all__ = [
     "MODES",
     "TRACKERS",
     "TrainConfig",
+    "field_docs",
     "parse_config",
     "resolve_device",
 ]
@@ -329,8 +334,41 @@ def _coerce(name: str, value: Any, kind: Any) -> Any:
         raise ConfigError(f"{name}: expected {kind.__name__}, got {value!r}") from None
 
 
+@functools.cache
+def field_docs() -> dict[str, str]:
+    """Each ``TrainConfig`` field's docstring (the string right after it), by field name,
+    read from this module's source with ``ast``: the one text behind ``--help`` and the
+    documentation's settings page. Empty where the source is not installed."""
+    try:
+        tree = ast.parse(inspect.getsource(TrainConfig))
+    except (OSError, TypeError):
+        return {}
+    body = tree.body[0].body if isinstance(tree.body[0], ast.ClassDef) else []
+    found: dict[str, str] = {}
+    for node, after in zip(body, [*body[1:], None], strict=True):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            found[node.target.id] = inspect.cleandoc(after.value.value)
+    return found
+
+
+def _help(name: str, default: object) -> str:
+    """A flag's ``--help``: its field's docstring on one line, then the default."""
+    text = re.sub(r"``(.+?)``", r"\1", " ".join(field_docs().get(name, "").split()))
+    return f"{text} (default: {default})".replace("%", "%%").strip()
+
+
 def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
-    """The config from ``--config FILE`` (YAML), then the flags on top."""
+    """The config from ``--config FILE`` (YAML), then the flags on top.
+
+    The parser is argparse, one flag per field with its docstring as help: a command-line
+    library (tyro, simple-parsing) would add a dependency for these lines and still not
+    merge the YAML file under the flags, which is what a run's config needs."""
     fields = {f.name: f for f in attrs.fields(TrainConfig)}
     parser = argparse.ArgumentParser(
         prog="nemogym-train", description="GRPO on NeMo Gym environments, from SDK parts."
@@ -338,12 +376,13 @@ def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
     parser.add_argument("--config", type=Path, help="YAML file; its keys are the flags' names")
     for name, field in fields.items():
         flag = "--" + name.replace("_", "-")
+        helps = _help(name, field.default)
         if _field_type(field) is bool:
             parser.add_argument(
-                flag, dest=name, default=None, action=argparse.BooleanOptionalAction
+                flag, dest=name, default=None, action=argparse.BooleanOptionalAction, help=helps
             )
         else:
-            parser.add_argument(flag, dest=name, default=None, help=f"default: {field.default}")
+            parser.add_argument(flag, dest=name, default=None, help=helps)
     args = parser.parse_args(argv)
     values: dict[str, Any] = {}
     if args.config is not None:
