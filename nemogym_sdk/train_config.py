@@ -16,6 +16,7 @@ from nemogym_sdk.train.config import (
     MODES,
     TRACKERS,
     TrainConfig,
+    field_docs,
     parse_config,
     resolve_device,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "MODES",
     "TRACKERS",
     "TrainConfig",
+    "field_docs",
     "parse_config",
     "resolve_device",
 ]

@@ -12,10 +12,10 @@ The cluster, started once for this module:
   the policy sharded across them (``--fsdp``, gloo), attached to the sampler's proxy and to
   both deployments through their head servers.
 
-While it trains 8 steps, replica 1 is killed after step 2 and deployment A is stopped after
-step 4. Each test below checks one thing the run must show. (That a sharded step's gradient
-equals one process's is ``tests/adapters/test_torch_fsdp.py``; the adapter a replica refuses
-is the last test here, on a cluster of its own.)
+While it trains 6 steps (4 groups of 4), replica 1 is killed after step 2 and deployment A
+is stopped after step 4. Each test below checks one thing the run must show. (That a
+sharded step's gradient equals one process's is ``tests/adapters/test_torch_fsdp.py``; the
+adapter a replica refuses is the last test here, on a cluster of its own.)
 """
 
 from __future__ import annotations
@@ -39,11 +39,12 @@ from tests.require import absent
 pytestmark = [pytest.mark.gym, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS = 8
+STEPS = 6
 KILL_REPLICA_AFTER = 2  # steps logged
 STOP_DEPLOYMENT_AFTER = 4
 MISMATCH_MAX = 1e-4  # fp32 learner and sampler: ~1e-5; a stale adapter: ~1e-1
-ROLLOUTS = 4 * 8  # rows_per_step x num_generations, over both ranks
+GENERATIONS = 4
+ROLLOUTS = 4 * GENERATIONS  # rows_per_step x num_generations, over both ranks
 TYPED = {"agent_error", "transport_error", "timeout", "empty", "no_token_ids", "drift"}
 
 
@@ -107,7 +108,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
 
 @pytest.fixture(scope="module")
 def run(cluster: dict[str, Any]) -> dict[str, Any]:
-    """The 8-step run on two learner nodes, with the faults injected while it trains."""
+    """The 6-step run on two learner nodes, with the faults injected while it trains."""
     fleet, a, b = cluster["fleet"], cluster["a"], cluster["b"]
     out = cluster["root"] / "run"
     train_file = a.config.environment("target_chars").train_path
@@ -119,7 +120,8 @@ def run(cluster: dict[str, Any]) -> dict[str, Any]:
     flags = [
         "-m", "nemogym_sdk.train", "--backend-url", fleet.base_url, "--group-affinity",
         "--head-url", f"{a.directory.head_url},{b.head_url}", "--train-file", str(train_file),
-        "--steps", str(STEPS), "--rows-per-step", "4", "--fsdp", "--out", str(out),
+        "--steps", str(STEPS), "--rows-per-step", "4", "--num-generations", str(GENERATIONS),
+        "--fsdp", "--out", str(out),
         "--checkpoint-every", "100", "--episode-timeout", "60",
     ]  # fmt: skip
     logs_out = [(cluster["root"] / f"node{rank}.log").open("w") for rank in (0, 1)]
@@ -185,7 +187,7 @@ def test_every_step_sampled_the_version_the_learner_had(run: dict[str, Any]) -> 
 
 
 def test_nothing_is_lost_or_counted_twice_and_failures_are_typed(run: dict[str, Any]) -> None:
-    """Each step trained exactly its 4 groups x 8 rollouts, whatever failed; a failure is
+    """Each step trained exactly its 4 groups x 4 rollouts, whatever failed; a failure is
     one of the typed statuses, never a silent reward 0."""
     for step in run["steps"]:
         assert step["rollouts"] == ROLLOUTS and step["groups"] == 4, step
@@ -205,7 +207,8 @@ def test_a_killed_replica_leaves_the_router_and_the_run_goes_on(
     assert dead.removesuffix("/v1") not in routed and survivor.removesuffix("/v1") in routed
     assert str(slots(survivor)["policy"]).endswith(f"v{STEPS:06d}")
     after = run["steps"][KILL_REPLICA_AFTER + 1 :]
-    assert all(s["ok"] >= ROLLOUTS - 8 for s in after), [(s["step"], s["failures"]) for s in after]
+    lost = [(s["step"], s["failures"]) for s in after]
+    assert all(s["ok"] >= ROLLOUTS - GENERATIONS for s in after), lost  # a group at most
     assert run["steps"][-1]["ok"] == ROLLOUTS
 
 
@@ -241,7 +244,8 @@ def _refusing_run(
             replicas = [first.base_url, f"{wrapped.url}/v1"]
             with start_router(replicas, log_path=tmp_path / "router.log") as router:
                 argv = [sys.executable, "-m", "nemogym_sdk.train", "--steps", "4"]
-                argv += ["--rows-per-step", "2", "--out", str(tmp_path / "run")]
+                argv += ["--rows-per-step", "2", "--num-generations", str(GENERATIONS)]
+                argv += ["--out", str(tmp_path / "run")]
                 argv += ["--router-url", router.base_url, "--replica-urls", ",".join(replicas)]
                 argv += ["--sync-retries", str(retries)]
                 done = subprocess.run(

@@ -28,7 +28,8 @@ MISMATCH_MAX = 1e-4
 
 
 def run_demo(tmp_path: Path, *flags: str) -> tuple[Path, list[dict[str, Any]]]:
-    """``examples/demo.yaml`` (the vLLM backend) with ``flags``; its out and metrics."""
+    """``examples/demo.yaml`` (the vLLM backend), 2 groups of 4 a step, with ``flags``; its
+    out and metrics."""
     from nemogym_sdk.gym import GymVenvNotFoundError, find_gym_venv
 
     try:
@@ -37,7 +38,7 @@ def run_demo(tmp_path: Path, *flags: str) -> tuple[Path, list[dict[str, Any]]]:
         absent(f"NeMo Gym venv absent: {exc}")
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "nemogym_sdk.train", "--config", "examples/demo.yaml"]
-    argv += ["--rows-per-step", "2", "--out", str(out), *flags]
+    argv += ["--rows-per-step", "2", "--num-generations", "4", "--out", str(out), *flags]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     logs = "".join(f"--- {p}\n{p.read_text()[-2000:]}\n" for p in out.glob("logs/*.log"))
@@ -52,7 +53,7 @@ def test_trainer_with_the_vllm_backend(vllm_venv: object, tmp_path: Path) -> Non
     print("steps:", [(s["reward_mean"], s["mismatch_max"], s["step_s"]) for s in steps])
     assert [s["adapter_version"] for s in steps] == [1, 2, 3]
     for step in steps:
-        assert step["failures"] == {} and step["rollouts"] == 16 and step["turns_mean"] == 3.0
+        assert step["failures"] == {} and step["rollouts"] == 8 and step["turns_mean"] == 3.0
         assert step["mismatch_max"] < MISMATCH_MAX, step
     assert (out / "reward_curve.png").is_file()
 
@@ -66,7 +67,7 @@ def test_async_trainer_with_the_vllm_backend(vllm_venv: object, tmp_path: Path) 
     print("steps:", [(s["staleness"], s["mismatch_max"], s["step_s"]) for s in steps])
     assert [s["adapter_version"] for s in steps] == [1, 2, 3, 4]
     for step in steps:
-        assert step["failures"] == {} and step["rollouts"] == 16 and step["turns_mean"] == 3.0
+        assert step["failures"] == {} and step["rollouts"] == 8 and step["turns_mean"] == 3.0
         assert step["unversioned_tokens"] == 0 and step["staleness_max"] <= 1, step
     assert steps[0]["staleness"] == {"0": steps[0]["policy_tokens"]}
     assert steps[0]["mismatch_max"] < MISMATCH_MAX, steps[0]
@@ -90,7 +91,7 @@ def test_trainer_with_two_vllm_replicas_behind_the_router(
     print("steps:", [(s["reward_mean"], s["mismatch_max"], s["step_s"]) for s in steps])
     assert [s["adapter_version"] for s in steps] == [1, 2, 3]
     for step in steps:
-        assert step["failures"] == {} and step["rollouts"] == 16 and step["turns_mean"] == 3.0
+        assert step["failures"] == {} and step["rollouts"] == 8 and step["turns_mean"] == 3.0
         assert step["mismatch_max"] < MISMATCH_MAX, step
     served = [
         (out / "logs" / f"replica-{i}.log").read_text().count("POST /v1/completions")
