@@ -17,10 +17,12 @@ from pathlib import Path
 import attrs
 
 from nemogym_sdk.gym import BackendProcess, GymStack
+from nemogym_sdk.train.config import TrainConfig
+from nemogym_sdk.train.sampler import _version_args
 
-ADAPTER_VERSIONS = 4
-"""Adapter versions the sampler keeps side by side: an async run with ``max_staleness`` up
-to 2 needs ``max_staleness + 2``."""
+ROOMIEST = TrainConfig(mode="async", max_staleness=2)
+"""The run whose sampler the shared one is: it keeps the adapter versions an async run with
+``max_staleness`` up to 2 needs (4), which is room for every run that attaches."""
 
 
 @attrs.frozen
@@ -44,10 +46,6 @@ class ToyDeployment:
 
 
 def sampler_args() -> list[str]:
-    """The flags ``nemogym-train`` gives the sampler it starts (``train_sampler``), with
-    room for an async run's versions."""
-    return [
-        *("--device", "cpu"),
-        *("--adapter-versions", str(ADAPTER_VERSIONS)),
-        *("--version-policy", "pinned"),
-    ]
+    """The flags ``nemogym-train`` gives the sampler it starts for ``ROOMIEST``
+    (``nemogym_sdk.train.sampler``), on the CPU."""
+    return ["--device", "cpu", *_version_args(ROOMIEST)]
