@@ -11,6 +11,13 @@ from __future__ import annotations
 
 import os
 
+# Two xdist workers share two cores, and each starts torch processes (samplers, learners):
+# with OpenMP's default spin-wait every thread of one process burns a core while it waits for
+# a thread the other process has descheduled; the torch example ran 10x slower beside one busy
+# core (266 s against 28 s, benchmarks/README.md "Test suite"). Passive waiting sleeps instead.
+# Set before anything imports torch (libgomp reads it once); subprocesses inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import pytest
 from hypothesis import HealthCheck, settings
 
