@@ -32,6 +32,7 @@ from nemogym_sdk.errors import (
     ServerError,
     TransportError,
     UnknownAgentError,
+    UsageError,
 )
 from nemogym_sdk.grpo import Advantages, Scaling, compute_advantages, group_advantages
 from nemogym_sdk.hosts import base_url, normalize_host, routable_host
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
     )
     from nemogym_sdk.rollout_engine import (
         EngineClosedError,
+        EngineOptions,
         EngineStalledError,
         EngineStep,
         RolloutEngine,
@@ -81,6 +83,7 @@ _LAZY = {
     "RawRun": "nemogym_sdk.client",
     "ServerDirectory": "nemogym_sdk.directory",
     "EngineClosedError": "nemogym_sdk.rollout_engine",
+    "EngineOptions": "nemogym_sdk.rollout_engine",
     "EngineStalledError": "nemogym_sdk.rollout_engine",
     "EngineStep": "nemogym_sdk.rollout_engine",
     "RolloutEngine": "nemogym_sdk.rollout_engine",
@@ -122,6 +125,7 @@ __all__ = [
     "DriftError",
     "DriftPolicy",
     "EngineClosedError",
+    "EngineOptions",
     "EngineStalledError",
     "EngineStep",
     "LoraSync",
@@ -145,6 +149,7 @@ __all__ = [
     "Timeouts",
     "TransportError",
     "UnknownAgentError",
+    "UsageError",
     "Verifier",
     "VerifyItem",
     "VerifyResult",

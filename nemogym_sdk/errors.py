@@ -25,7 +25,8 @@ that defines each class outside this one (a test checks that this drawing lists 
     ├── DeadlineError(TimeoutError)            a connect, request or total deadline passed
     │   └── NotReadyError                      servers did not become ready in time
     │       └── ServerNotReadyError            processes.errors: one local server, with its log
-    ├── EngineClosedError(RuntimeError)        rollout_engine.groups: a step of a closed engine
+    ├── UsageError(RuntimeError)               a call out of order: start twice, use before start
+    │   └── EngineClosedError                  rollout_engine.groups: a step of a closed engine
     ├── RunStoppedError(RuntimeError)          train.faults: nemogym-train stopped the run
     ├── ServerStartError(RuntimeError)         processes.errors: a local server exited at start-up
     │   └── RequirementsInstallError           gym.errors: its requirements failed to install
@@ -67,6 +68,7 @@ __all__ = [
     "ServerError",
     "TransportError",
     "UnknownAgentError",
+    "UsageError",
 ]
 
 
@@ -95,6 +97,11 @@ class NemoGymError(Exception):
 
 class ConfigError(NemoGymError, ValueError):
     """An argument or a configuration value is invalid."""
+
+
+class UsageError(NemoGymError, RuntimeError):
+    """A call out of order: an object started twice, used before it starts or after it
+    closes. The message says which call comes first. (A bad value is a ``ConfigError``.)"""
 
 
 class DataError(NemoGymError, ValueError):

@@ -75,7 +75,10 @@ class RetryPolicy:
         if self.max_attempts < 1:
             raise ConfigError(f"max_attempts must be >= 1, got {self.max_attempts}")
         if self.base_delay < 0 or self.max_delay < 0:
-            raise ConfigError("retry delays must be >= 0")
+            raise ConfigError(
+                f"retry delays must be >= 0, got base_delay={self.base_delay}, "
+                f"max_delay={self.max_delay}"
+            )
 
     def retryable_timeout(self) -> bool:
         """Whether an attempt that hit the per-request deadline is retried."""

@@ -9,19 +9,20 @@ import requests
 
 from nemogym_sdk import DeadlineError, ServerError, TransportError
 from nemogym_sdk._net.http import check, owned_session, send
+from nemogym_sdk.processes import free_loopback_ports
 from tests.fakes import head_server
-
-
-def _closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def test_refused_and_silent_servers_are_sdk_errors() -> None:
     with requests.Session() as http:
         with pytest.raises(TransportError, match="cannot reach") as refused:
-            send(http, "GET", f"http://127.0.0.1:{_closed_port()}/", timeout=2, hint="Start it.")
+            send(
+                http,
+                "GET",
+                f"http://127.0.0.1:{free_loopback_ports(1)[0]}/",
+                timeout=2,
+                hint="Start it.",
+            )
         assert isinstance(refused.value.__cause__, requests.ConnectionError)
         assert "Start it." in str(refused.value)
         with socket.socket() as silent:  # accepts the connection, never answers

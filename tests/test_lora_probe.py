@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from nemogym_sdk.errors import DeadlineError, ServerError, TransportError
 from nemogym_sdk.hosts import server_root
 from nemogym_sdk.lora import LoraCapabilities, LoraSyncError, probe_lora_support
 from nemogym_sdk.lora.probe import server_message
+from nemogym_sdk.processes import free_loopback_ports
 
 BASE = "base-model"
 
@@ -188,12 +188,6 @@ def fake() -> Iterator[FakeVLLM]:
     server.stop()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 # --- real server ----------------------------------------------------------------------------
 
 
@@ -320,7 +314,7 @@ def test_probe_with_api_key(fake: FakeVLLM) -> None:
 def test_probe_unreachable_and_slow_servers() -> None:
     """Nothing listening: TransportError. No answer in time: DeadlineError."""
     with pytest.raises(TransportError, match="cannot reach"):
-        probe_lora_support(f"http://127.0.0.1:{free_port()}", timeout=2)
+        probe_lora_support(f"http://127.0.0.1:{free_loopback_ports(1)[0]}", timeout=2)
     slow = FakeVLLM(delay_s=1.0).start()
     try:
         with pytest.raises(DeadlineError, match="timeout"):

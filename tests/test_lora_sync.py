@@ -31,6 +31,7 @@ from nemogym_sdk.lora import (
     SyncRecord,
     install_lora_sync,
 )
+from nemogym_sdk.processes import free_loopback_ports
 
 from .serve.conftest import peft_logprobs
 from .test_lora_probe import FakeVLLM, openapi
@@ -484,11 +485,9 @@ def test_a_failed_sync_fails_every_rank() -> None:
     pytest.importorskip("torch")
     import multiprocessing
 
-    from .test_lora_probe import free_port
-
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    port = free_port()
+    (port,) = free_loopback_ports(1)
     ranks = [context.Process(target=_rank, args=(r, port, results)) for r in (0, 1)]
     for process in ranks:
         process.start()

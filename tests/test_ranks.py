@@ -9,7 +9,6 @@ the SDK's errors, which pickle), and neither hangs.
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import pytest
 
 from nemogym_sdk import ranks
 from nemogym_sdk.errors import LoraSyncError
+from nemogym_sdk.processes import free_loopback_ports
 
 
 def test_single_process_runs_the_action_once() -> None:
@@ -70,15 +70,9 @@ def _worker(rank: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def test_two_ranks_learn_the_main_process_outcome(tmp_path: Path) -> None:
     torch_mp = pytest.importorskip("torch.multiprocessing")
-    torch_mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    torch_mp.spawn(_worker, args=(free_loopback_ports(1)[0], str(tmp_path)), nprocs=2, join=True)
     main, other = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert (main["rank"], other["rank"], main["world"]) == (0, 1, 2)
     # the result is the main process's, on both

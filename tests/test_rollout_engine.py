@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import random
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -17,11 +18,13 @@ from aiohttp import web
 from nemogym_sdk import (
     AgentClient,
     ConfigError,
+    EngineOptions,
     EngineStalledError,
     RolloutEngine,
     RolloutStatus,
     TaskRow,
     Timeouts,
+    UsageError,
 )
 from nemogym_sdk.testing.fake_agent import serve_routes
 from nemogym_sdk.wire import policy_version_envelope
@@ -118,7 +121,7 @@ def test_staleness_zero_is_the_synchronous_schedule(serve: Any) -> None:
     with (
         client,
         RolloutEngine(
-            client, rows(3), eos_token_id=EOS, num_generations=2, groups_per_step=2
+            client, rows(3), EngineOptions(num_generations=2, groups_per_step=2), eos_token_id=EOS
         ) as engine,
     ):
         for step in range(4):
@@ -153,11 +156,10 @@ def test_heavy_tails_and_stalls_keep_staleness_bounded_and_lose_nothing(serve: A
         engine = RolloutEngine(
             client,
             rows(5),
+            EngineOptions(
+                num_generations=4, groups_per_step=3, max_staleness=1, episode_timeout=0.5
+            ),
             eos_token_id=EOS,
-            num_generations=4,
-            groups_per_step=3,
-            max_staleness=1,
-            episode_timeout=0.5,
         ).start()
         for step in range(8):
             played = engine.next_step(timeout=4 * STALL_S)
@@ -192,7 +194,7 @@ def test_groups_with_failures_are_handed_out_whole(serve: Any) -> None:
     with (
         client,
         RolloutEngine(
-            client, rows(2), eos_token_id=EOS, num_generations=4, groups_per_step=2
+            client, rows(2), EngineOptions(num_generations=4, groups_per_step=2), eos_token_id=EOS
         ) as engine,
     ):
         played = engine.next_step()
@@ -209,10 +211,8 @@ def test_close_drains_or_cancels_and_a_resumed_engine_plays_the_rest_first(serve
         engine = RolloutEngine(
             client,
             rows(3),
+            EngineOptions(num_generations=2, groups_per_step=1, max_staleness=2),
             eos_token_id=EOS,
-            num_generations=2,
-            groups_per_step=1,
-            max_staleness=2,
         ).start()
         engine.next_step()  # group 0 (fast); groups 1 and 2 are playing
         cancelled = engine.close()
@@ -222,10 +222,8 @@ def test_close_drains_or_cancels_and_a_resumed_engine_plays_the_rest_first(serve
         resumed = RolloutEngine(
             client,
             rows(3),
+            EngineOptions(num_generations=2, groups_per_step=1, max_staleness=2),
             eos_token_id=EOS,
-            num_generations=2,
-            groups_per_step=1,
-            max_staleness=2,
             requeue=cancelled.requeue,
             next_index=cancelled.next_index,
         ).start()
@@ -243,7 +241,7 @@ def test_a_step_that_can_never_fill_says_publish(serve: Any) -> None:
     with (
         client,
         RolloutEngine(
-            client, rows(1), eos_token_id=EOS, num_generations=2, groups_per_step=1
+            client, rows(1), EngineOptions(num_generations=2, groups_per_step=1), eos_token_id=EOS
         ) as engine,
     ):
         engine.next_step()
@@ -266,7 +264,7 @@ def test_wait_for_publish_waits_for_another_threads_publish_and_close_ends_the_w
     client = serve(Agent({"t0": [0.01]}))
     with client:
         engine = RolloutEngine(
-            client, rows(1), eos_token_id=EOS, num_generations=2, groups_per_step=1
+            client, rows(1), EngineOptions(num_generations=2, groups_per_step=1), eos_token_id=EOS
         ).start()
         engine.next_step()
         threading.Timer(0.3, engine.publish, args=(1,)).start()
@@ -283,17 +281,44 @@ def test_wait_for_publish_waits_for_another_threads_publish_and_close_ends_the_w
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"num_generations": 0}, "num_generations must be >= 1"),
-        ({"max_staleness": -1}, "max_staleness must be >= 0"),
-        ({"max_inflight": 3}, "cannot hold one group of 4"),
-        ({"episode_timeout": 0}, "episode_timeout must be > 0"),
+        ({"num_generations": 0}, "num_generations must be an integer >= 1, got 0"),
+        ({"groups_per_step": 2.5}, "groups_per_step must be an integer >= 1, got 2.5"),
+        ({"max_staleness": -1}, "max_staleness must be >= 0, got -1"),
+        ({"max_inflight": 3}, "max_inflight=3 cannot hold one group of num_generations=4"),
+        ({"episode_timeout": 0}, "episode_timeout must be > 0 seconds, got 0"),
     ],
 )
-def test_bad_settings_are_config_errors(kwargs: dict[str, Any], message: str) -> None:
-    settings: dict[str, Any] = {"eos_token_id": EOS, "num_generations": 4, "groups_per_step": 1}
+def test_bad_settings_are_config_errors_that_show_the_value(
+    kwargs: dict[str, Any], message: str
+) -> None:
+    settings: dict[str, Any] = {"num_generations": 4, "groups_per_step": 1}
     settings.update(kwargs)
-    with pytest.raises(ConfigError, match=message):
-        RolloutEngine(AgentClient({"a": "http://127.0.0.1:9"}), rows(1), **settings)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        EngineOptions(**settings)
+
+
+def test_options_fill_the_pacing_by_default_and_the_engine_takes_only_the_record() -> None:
+    options = EngineOptions(num_generations=4, groups_per_step=3, max_staleness=1)
+    assert options.inflight == 2 * 3 * 4
+    assert EngineOptions(num_generations=4, groups_per_step=3, max_inflight=8).inflight == 8
+    with pytest.raises(ConfigError, match="options must be an EngineOptions, got dict"):
+        RolloutEngine(
+            AgentClient({"a": "http://127.0.0.1:9"}),
+            rows(1),
+            {"num_generations": 4},  # type: ignore[arg-type]
+            eos_token_id=EOS,
+        )
+
+
+def test_wrong_order_calls_are_usage_errors() -> None:
+    engine = RolloutEngine(
+        AgentClient({"a": "http://127.0.0.1:9"}),
+        rows(1),
+        EngineOptions(num_generations=2, groups_per_step=1),
+        eos_token_id=EOS,
+    )
+    with pytest.raises(UsageError, match="start"):
+        engine.next_step(timeout=1)
 
 
 def test_cut_stragglers_hands_a_due_group_out_once_two_are_ok(serve: Any) -> None:
@@ -301,10 +326,10 @@ def test_cut_stragglers_hands_a_due_group_out_once_two_are_ok(serve: Any) -> Non
     deadline; what was still playing comes out as TIMEOUT failures saying why, in place."""
     agent = Agent({"t0": [0.01, 0.01, 0.01, STALL_S]})
     client = serve(agent)
-    with client, RolloutEngine(
-        client, rows(1), eos_token_id=EOS, num_generations=4, groups_per_step=1,
-        episode_timeout=4 * STALL_S, cut_stragglers=True,
-    ) as engine:  # fmt: skip
+    options = EngineOptions(
+        num_generations=4, groups_per_step=1, episode_timeout=4 * STALL_S, cut_stragglers=True
+    )
+    with client, RolloutEngine(client, rows(1), options, eos_token_id=EOS) as engine:
         played = engine.next_step(timeout=2 * STALL_S)
         assert played.waited_s < STALL_S / 2  # not the stall's length
         (group,) = played.groups

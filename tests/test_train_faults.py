@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from nemogym_sdk.errors import ConfigError
+from nemogym_sdk.processes import free_loopback_ports
 from nemogym_sdk.train.faults import (
     Interrupted,
     RunStoppedError,
@@ -71,9 +71,7 @@ def test_failures_up_to_the_bound_go_on_and_past_it_stop() -> None:
 
 
 def test_failures_with_a_sampler_that_does_not_answer_stop_the_run() -> None:
-    with socket.socket() as sock:  # a port nothing listens on
-        sock.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    url = f"http://127.0.0.1:{free_loopback_ports(1)[0]}/v1"  # nothing listens there
     with pytest.raises(RunStoppedError, match=r"sampler at .* does not answer \(ConnectionError"):
         check_rollouts(5, Counter(agent_error=1), 16, 1.0, url)
     check_rollouts(5, Counter(), 16, 1.0, url)  # no failures: the sampler is not asked
@@ -117,9 +115,7 @@ def test_a_sampler_that_stops_answering_stops_the_run_like_a_signal() -> None:
 
     from nemogym_sdk.train.faults import SamplerWatch
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    url = f"http://127.0.0.1:{free_loopback_ports(1)[0]}/v1"
     blocked = threading.Event()
     signals = StopSignals()
     with (

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from nemogym_sdk._net.aio import Attempt, BackgroundLoop, Outcome, post_with_retries
-from nemogym_sdk.errors import ConfigError
+from nemogym_sdk.errors import ConfigError, UsageError
 from nemogym_sdk.policy import RetryPolicy, Timeouts
 from nemogym_sdk.records import RolloutStatus
 
@@ -52,7 +52,10 @@ class SessionOwner:
         seed: int | None,
     ) -> None:
         if max_concurrency < 1 or max_per_host < 1:
-            raise ConfigError("max_concurrency and max_per_host must be >= 1")
+            raise ConfigError(
+                "max_concurrency and max_per_host must be >= 1, got "
+                f"{max_concurrency} and {max_per_host}"
+            )
         self.timeouts = timeouts
         self.retry = retry
         self.max_concurrency = max_concurrency
@@ -71,7 +74,7 @@ class SessionOwner:
     def _bind(self) -> aiohttp.ClientSession:
         """The session of the running loop, created on first use."""
         if self._closed:
-            raise RuntimeError(f"this {type(self).__name__} is closed")
+            raise UsageError(f"this {type(self).__name__} is closed")
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop
@@ -197,7 +200,7 @@ class SessionOwner:
             self._background = None
         elif self._session is not None and self._loop is not None and not self._loop.is_closed():
             if self._loop.is_running():
-                raise RuntimeError("an async client must be closed with 'await client.aclose()'")
+                raise UsageError("an async client must be closed with 'await client.aclose()'")
             self._loop.run_until_complete(self.aclose())
         self._closed = True
 

@@ -103,7 +103,9 @@ class PolicyLoss:
         if self.beta < 0:
             raise ConfigError(f"beta must be >= 0, got {self.beta}")
         if self.max_completion_length is not None and self.max_completion_length < 1:
-            raise ConfigError("max_completion_length must be >= 1")
+            raise ConfigError(
+                f"max_completion_length must be >= 1, got {self.max_completion_length}"
+            )
 
     @property
     def upper(self) -> float:

@@ -37,7 +37,7 @@ from typing import Any
 import yaml
 
 from nemogym_sdk.directory import ServerDirectory
-from nemogym_sdk.errors import ConfigError
+from nemogym_sdk.errors import ConfigError, UsageError
 from nemogym_sdk.gym.builder import StackBuilder
 from nemogym_sdk.gym.locate import GymVenv, environment_path, find_gym_venv
 from nemogym_sdk.gym.specs import ENVIRONMENT_SERVERS, PolicyModel, StackConfig
@@ -88,7 +88,10 @@ class GymLauncher:
         install_requirements: bool = True,
     ) -> None:
         if isinstance(environments, str):
-            raise ConfigError("environments must be a sequence of names, not a string")
+            raise ConfigError(
+                f"environments must be a sequence of names, not a string: got {environments!r} "
+                f"(write [{environments!r}])"
+            )
         self.builder = StackBuilder(
             venv=venv if isinstance(venv, GymVenv) else find_gym_venv(venv),
             environments=tuple(environments),
@@ -111,7 +114,7 @@ class GymLauncher:
     def start(self) -> GymLauncher:
         """Run ``gym env start`` and wait until its head server reports every server ready."""
         if self._process is not None:
-            raise RuntimeError("GymLauncher.start() was already called; create a new one")
+            raise UsageError("GymLauncher.start() was already called; create a new one")
         began = time.monotonic()
         workdir = self._workdir_arg.resolve() if self._workdir_arg else None
         if workdir is None:
@@ -159,35 +162,35 @@ class GymLauncher:
     def head_url(self) -> str:
         """``http://<host>:<port>`` of the launcher's head server."""
         if self._config is None:
-            raise RuntimeError("the launcher has not been started")
+            raise UsageError("the launcher has not been started")
         return f"http://{self._config.head_host}:{self._config.head_port}"
 
     @property
     def directory(self) -> ServerDirectory:
         """The deployment, as its head server describes it (``ServerDirectory.from_head``)."""
         if self._directory is None:
-            raise RuntimeError("the launcher is not running: start it first")
+            raise UsageError("the launcher is not running: start it first")
         return self._directory
 
     @property
     def config(self) -> StackConfig:
         """The resolved config the launcher was given."""
         if self._config is None:
-            raise RuntimeError("the launcher has not been started")
+            raise UsageError("the launcher has not been started")
         return self._config
 
     @property
     def pid(self) -> int:
         """The launcher's pid (also its process-group id)."""
         if self._process is None:
-            raise RuntimeError("the launcher has not been started")
+            raise UsageError("the launcher has not been started")
         return self._process.pid
 
     @property
     def log_path(self) -> Path:
         """The launcher's log (its servers' output included)."""
         if self._process is None:
-            raise RuntimeError("the launcher has not been started")
+            raise UsageError("the launcher has not been started")
         return self._process.log_path
 
     def stop(self) -> None:

@@ -42,7 +42,7 @@ from typing import Any
 
 from nemogym_sdk.data import read_rows
 from nemogym_sdk.directory import ServerDirectory, ServerInfo, resolve_interpolations
-from nemogym_sdk.errors import ConfigError
+from nemogym_sdk.errors import ConfigError, UsageError
 from nemogym_sdk.gym.builder import HEAD_SERVER_NAME, Launch, StackBuilder
 from nemogym_sdk.gym.locate import GymVenv, environment_path, find_gym_venv
 from nemogym_sdk.gym.overlay import FileSource
@@ -138,7 +138,10 @@ class GymStack:
         environment_servers: bool = False,
     ) -> None:
         if isinstance(environments, str):
-            raise ConfigError("environments must be a sequence of names, not a string")
+            raise ConfigError(
+                f"environments must be a sequence of names, not a string: got {environments!r} "
+                f"(write [{environments!r}])"
+            )
         self.builder = StackBuilder(
             venv=venv if isinstance(venv, GymVenv) else find_gym_venv(venv),
             environments=tuple(environments),
@@ -177,7 +180,7 @@ class GymStack:
         once.
         """
         if self._started:
-            raise RuntimeError("GymStack.start() was already called; create a new GymStack")
+            raise UsageError("GymStack.start() was already called; create a new GymStack")
         self._started = True
         began = time.monotonic()
         try:
@@ -278,7 +281,7 @@ class GymStack:
         name, each with its implementation and config block; ``head_url`` (None in manual
         mode) and the global config (``${...}`` resolved) as discovery sets them."""
         if not self._running or self._directory is None:
-            raise RuntimeError("the stack is not running: start it first")
+            raise UsageError("the stack is not running: start it first")
         return self._directory
 
     @property
@@ -293,14 +296,14 @@ class GymStack:
     def workdir(self) -> Path:
         """Directory holding ``config.yaml`` and ``logs/`` (exists once started)."""
         if self._workdir is None:
-            raise RuntimeError("the stack has not been started")
+            raise UsageError("the stack has not been started")
         return self._workdir
 
     @property
     def config(self) -> StackConfig:
         """The resolved config the servers were started with."""
         if self._config is None:
-            raise RuntimeError("the stack has not been started")
+            raise UsageError("the stack has not been started")
         return self._config
 
     @property

@@ -1,7 +1,10 @@
 """Loopback addresses for the servers the SDK starts: ``LOOPBACK`` and free ports.
 
 ``free_loopback_ports`` picks ports that can be bound on 127.0.0.1 right now, from NeMo
-Gym's own default range (``PORT_RANGE``), below Linux's ephemeral ports.
+Gym's own default range (``PORT_RANGE``), below Linux's ephemeral ports. The test suite uses it
+too, rather than its framework's helper (pytest-asyncio's ``unused_tcp_port`` binds port 0,
+which hands out an *ephemeral* port: between the pick and the server's bind, any of the
+suite's hundreds of outgoing loopback connections may take it).
 """
 
 from __future__ import annotations

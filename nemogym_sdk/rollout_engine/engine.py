@@ -5,8 +5,8 @@ repeats: with heavy-tailed episode lengths the sampler idles behind the straggle
 engine keeps up to ``max_inflight`` episodes playing through an ``AgentClient`` (on the
 client's loop thread), and hands the learner whole groups as they complete::
 
-    with RolloutEngine(client, rows, eos_token_id=eos, num_generations=8,
-                       groups_per_step=4, max_staleness=1) as engine:
+    options = EngineOptions(num_generations=8, groups_per_step=4, max_staleness=1)
+    with RolloutEngine(client, rows, options, eos_token_id=eos) as engine:
         for step in range(steps):
             played = engine.next_step()                 # 4 whole groups
             learn(played.rollouts())
@@ -48,8 +48,8 @@ from typing import Any, Self
 
 from nemogym_sdk._net.aio import BackgroundLoop
 from nemogym_sdk.client import AgentClient
-from nemogym_sdk.errors import ConfigError
-from nemogym_sdk.records import ParseOptions, Rollout, RolloutRequest, RolloutStatus, TaskRow
+from nemogym_sdk.errors import ConfigError, UsageError
+from nemogym_sdk.records import Rollout, RolloutRequest, RolloutStatus, TaskRow
 from nemogym_sdk.rollout_engine.groups import (
     EngineClosedError,
     EngineStalledError,
@@ -58,14 +58,13 @@ from nemogym_sdk.rollout_engine.groups import (
     Leftover,
     Occupancy,
 )
+from nemogym_sdk.rollout_engine.options import EngineOptions
 from nemogym_sdk.rollout_engine.pacing import is_due, may_start, take_order
 from nemogym_sdk.turns import stamp
 
 __all__ = ["RolloutEngine"]
 
 logger = logging.getLogger(__name__)
-
-_DEFAULT_PARSE = ParseOptions()
 
 
 class RolloutEngine:
@@ -74,67 +73,34 @@ class RolloutEngine:
     Args:
         client: plays the episodes (its ``sampling`` is forced onto every row).
         rows: the dataset; group ``n`` plays ``rows[n % len(rows)]``.
+        options: how it plays (`EngineOptions`: group size, groups per step, the staleness
+            bound, episodes in flight, the episode deadline, cutting stragglers, parsing).
         eos_token_id: the one token of a failed rollout.
-        num_generations: rollouts per group.
-        groups_per_step: groups `next_step` hands out.
-        max_staleness: versions a group may be trained behind the one it started on.
-        max_inflight: episodes playing at once (default: every episode the pacing allows,
-            ``(max_staleness + 1) * groups_per_step * num_generations``).
-        episode_timeout: seconds an episode may play before it ends as ``TIMEOUT``.
-        parse: how ``/run`` results become rollouts.
         requeue: group numbers to play first (a resumed run's `Leftover.requeue`).
         next_index: the number of the first new group (`Leftover.next_index`).
-        cut_stragglers: hand out a due group as soon as two of its episodes are ``OK``; the
-            ones still playing are cancelled and come out as ``TIMEOUT`` failures (so a slow
-            episode never holds the learner, at the price of favouring fast episodes within
-            a group). Off by default: a due group waits for its episodes' deadlines.
     """
 
     def __init__(
         self,
         client: AgentClient,
         rows: Sequence[TaskRow],
+        options: EngineOptions,
         *,
         eos_token_id: int,
-        num_generations: int,
-        groups_per_step: int,
-        max_staleness: int = 0,
-        max_inflight: int | None = None,
-        episode_timeout: float | None = None,
-        parse: ParseOptions = _DEFAULT_PARSE,
         requeue: Iterable[int] = (),
         next_index: int = 0,
-        cut_stragglers: bool = False,
     ) -> None:
         if not rows:
             raise ConfigError("RolloutEngine needs at least one row")
-        for name, value in (
-            ("num_generations", num_generations),
-            ("groups_per_step", groups_per_step),
-        ):
-            if value < 1:
-                raise ConfigError(f"{name} must be >= 1, got {value}")
-        if max_staleness < 0:
-            raise ConfigError(f"max_staleness must be >= 0, got {max_staleness}")
-        if max_inflight is None:
-            max_inflight = (max_staleness + 1) * groups_per_step * num_generations
-        if max_inflight < num_generations:
+        if not isinstance(options, EngineOptions):
             raise ConfigError(
-                f"max_inflight={max_inflight} cannot hold one group of {num_generations} "
-                "episodes: the engine starts whole groups"
+                f"options must be an EngineOptions, got {type(options).__name__}: build one "
+                "with EngineOptions(num_generations=..., groups_per_step=..., ...)"
             )
-        if episode_timeout is not None and not episode_timeout > 0:
-            raise ConfigError(f"episode_timeout must be > 0 seconds, got {episode_timeout}")
         self.client = client
         self.rows = list(rows)
+        self.options = options
         self.eos_token_id = eos_token_id
-        self.num_generations = num_generations
-        self.groups_per_step = groups_per_step
-        self.max_staleness = max_staleness
-        self.max_inflight = max_inflight
-        self.episode_timeout = episode_timeout
-        self.parse = parse
-        self.cut_stragglers = cut_stragglers
         self._cond = threading.Condition()
         self._requeue = collections.deque(sorted(set(requeue)))
         self._next_index = next_index
@@ -161,7 +127,7 @@ class RolloutEngine:
     def start(self) -> Self:
         """Start playing, on the loop thread of the client's synchronous methods."""
         if self._loop is not None:
-            raise ConfigError("this RolloutEngine has already been started")
+            raise UsageError("this RolloutEngine has already been started: make a new one")
         self._loop = self.client._background_loop()  # the sync facade's loop thread
         self._pump_done = self._loop.submit(self._pump())
         return self
@@ -195,7 +161,7 @@ class RolloutEngine:
         from another thread, e.g. a trainer callback, while this one prefetches).
         """
         if self._loop is None:
-            raise ConfigError("start() the RolloutEngine first")
+            raise UsageError("start() the RolloutEngine first (or use it as a context manager)")
         began = time.monotonic()
         with self._cond:
             while not self._ready():
@@ -208,10 +174,10 @@ class RolloutEngine:
                     )
                 if self._stalled() and not wait_for_publish:
                     raise EngineStalledError(
-                        f"step {self._steps} needs {self.groups_per_step} groups but "
+                        f"step {self._steps} needs {self.options.groups_per_step} groups but "
                         f"{len(self._finished)} are finished, none is playing, and "
-                        f"max_staleness={self.max_staleness} lets no new group start until a "
-                        "new version is published: call publish() after every adapter sync"
+                        f"max_staleness={self.options.max_staleness} lets no new group start "
+                        "until a new version is published: call publish() after every adapter sync"
                     )
                 left = None if timeout is None else timeout - (time.monotonic() - began)
                 if left is not None and left <= 0:
@@ -297,12 +263,14 @@ class RolloutEngine:
     # --- pacing -------------------------------------------------------------------------------
 
     def _may_start(self) -> bool:
-        return may_start(self._started, self._published, self.max_staleness, self.groups_per_step)
+        return may_start(
+            self._started, self._published, self.options.max_staleness, self.options.groups_per_step
+        )
 
     def _due(self) -> list[int]:
         """Groups step ``self._steps`` must include: started ``max_staleness`` or more
         versions ago."""
-        step, k = self._steps, self.max_staleness
+        step, k = self._steps, self.options.max_staleness
         due = [i for i, v in self._playing.items() if is_due(v, step, k)]
         due += [i for i, g in self._finished.items() if is_due(g.started_on, step, k)]
         return due
@@ -310,14 +278,17 @@ class RolloutEngine:
     def _ready(self) -> bool:
         due = self._due()
         self._cut_stragglers(due)
-        return all(i in self._finished for i in due) and len(self._finished) >= self.groups_per_step
+        return (
+            all(i in self._finished for i in due)
+            and len(self._finished) >= self.options.groups_per_step
+        )
 
     def _stalled(self) -> bool:
         return not self._playing and not self._closing and not self._may_start()
 
     def _take(self) -> tuple[Group, ...]:
         due = set(self._due())
-        taken = take_order(self._finished.values(), due)[: self.groups_per_step]
+        taken = take_order(self._finished.values(), due)[: self.options.groups_per_step]
         for group in taken:
             del self._finished[group.index]
         return tuple(taken)
@@ -328,7 +299,7 @@ class RolloutEngine:
         while (
             not self._closing
             and self._error is None
-            and self._episodes + self.num_generations <= self.max_inflight
+            and self._episodes + self.options.num_generations <= self.options.inflight
             and self._may_start()
         ):
             if self._requeue:
@@ -337,8 +308,8 @@ class RolloutEngine:
                 index, self._next_index = self._next_index, self._next_index + 1
             self._started += 1
             self._playing[index] = self._published
-            self._window.change(self._episodes, self._episodes + self.num_generations)
-            self._episodes += self.num_generations
+            self._window.change(self._episodes, self._episodes + self.options.num_generations)
+            self._episodes += self.options.num_generations
             self._window.groups_started += 1
             out.append((index, self._published))
         return out
@@ -367,11 +338,11 @@ class RolloutEngine:
     async def _play_group(self, index: int, version: int) -> None:
         row = self.rows[index % len(self.rows)]
         with self._cond:
-            self._members[index] = [None] * self.num_generations
+            self._members[index] = [None] * self.options.num_generations
             self._began[index] = time.monotonic()
         tasks = [
             asyncio.ensure_future(self._play_member(index, RolloutRequest(row=row, repeat_index=i)))
-            for i in range(self.num_generations)
+            for i in range(self.options.num_generations)
         ]
         with self._cond:
             self._member_tasks[index] = tasks
@@ -404,7 +375,7 @@ class RolloutEngine:
             members = self._members.get(index)
             if members is not None:
                 members[request.repeat_index] = rollout
-                if self.cut_stragglers:
+                if self.options.cut_stragglers:
                     self._cond.notify_all()  # the learner may cut the group now
 
     def _finalize(self, index: int, *, cut: str | None = None) -> None:
@@ -439,7 +410,7 @@ class RolloutEngine:
     def _cut_stragglers(self, due: list[int]) -> None:
         """``cut_stragglers``: a due group still playing, with at least two ``OK`` episodes
         done, is handed out now; its other episodes end as ``TIMEOUT`` failures."""
-        if not self.cut_stragglers:
+        if not self.options.cut_stragglers:
             return
         for index in due:
             members = self._members.get(index)
@@ -456,8 +427,8 @@ class RolloutEngine:
             return await self.client.play(
                 request,
                 eos_token_id=self.eos_token_id,
-                parse=self.parse,
-                timeout=self.episode_timeout,
+                parse=self.options.parse,
+                timeout=self.options.episode_timeout,
             )
         finally:
             with self._cond:

@@ -13,7 +13,7 @@ import time
 
 import attrs
 
-from nemogym_sdk.errors import ConfigError, NemoGymError
+from nemogym_sdk.errors import ConfigError, UsageError
 from nemogym_sdk.records import Rollout, TaskRow
 
 __all__ = [
@@ -31,7 +31,7 @@ class EngineStalledError(ConfigError):
     """The pacing allows no new group and too few are playing or finished for a step."""
 
 
-class EngineClosedError(NemoGymError, RuntimeError):
+class EngineClosedError(UsageError):
     """A step was asked of an engine that is closed (or was closed while it waited)."""
 
 

@@ -102,7 +102,7 @@ class ServeEngine:
                 f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {logprobs_mode!r}"
             )
         if scripted_tool_turns < 0:
-            raise ConfigError("scripted_tool_turns must be >= 0")
+            raise ConfigError(f"scripted_tool_turns must be >= 0, got {scripted_tool_turns}")
         self.proxy: VllmBackend | None = backend if isinstance(backend, VllmBackend) else None
         """The vLLM backend, or ``None`` for the transformers one."""
         if self.proxy is not None and mode != "sample":

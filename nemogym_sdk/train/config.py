@@ -27,6 +27,8 @@ from nemogym_sdk.devices import parse_device, torch_device
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.grpo import ImportanceSampling, LossType, PolicyLoss
 from nemogym_sdk.policy import VERSION_POLICIES
+from nemogym_sdk.records import ParseOptions
+from nemogym_sdk.rollout_engine.options import EngineOptions
 
 __all__ = [
     "BACKENDS",
@@ -200,9 +202,13 @@ class TrainConfig:
         if self.lora_rank > 512:
             raise ConfigError(f"lora_rank must be <= 512 (vLLM's largest), got {self.lora_rank}")
         if self.num_generations < 2:
-            raise ConfigError("num_generations must be >= 2: GRPO compares rollouts of one row")
-        if self.lr <= 0 or self.temperature <= 0:
-            raise ConfigError("lr and temperature must be > 0")
+            raise ConfigError(
+                f"num_generations must be >= 2, got {self.num_generations}: GRPO compares "
+                "rollouts of one row"
+            )
+        for name in ("lr", "temperature"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if not self.environments and not self.head_url:
             raise ConfigError("name at least one environment, or attach with head_url")
         if self.dtype not in DTYPES:
@@ -283,22 +289,27 @@ class TrainConfig:
                 raise ConfigError(
                     f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
                 )
-        if self.max_staleness < 0:
-            raise ConfigError(f"max_staleness must be >= 0, got {self.max_staleness}")
         if self.mode == "async" and self.prefetch:
             raise ConfigError(
                 "prefetch is the sync mode's one-step overlap; --mode async overlaps by "
                 "itself (drop --prefetch, or use --mode sync)"
             )
-        if self.max_inflight is not None and self.max_inflight < self.num_generations:
-            raise ConfigError(
-                f"max_inflight={self.max_inflight} cannot hold one group of "
-                f"num_generations={self.num_generations} episodes"
-            )
-        if self.episode_timeout is not None and not self.episode_timeout > 0:
-            raise ConfigError(f"episode_timeout must be > 0 seconds, got {self.episode_timeout}")
+        self.engine_options()  # max_staleness, max_inflight, episode_timeout: checked there
         PolicyLoss(  # the loss knobs, checked now rather than at the first step
             importance_sampling=self.importance_sampling, is_cap=self.is_cap, is_floor=self.is_floor
+        )
+
+    def engine_options(self) -> EngineOptions:
+        """How the rollout engine plays this run's groups (``--mode async``; the sync mode
+        reads only its ``parse``)."""
+        return EngineOptions(
+            num_generations=self.num_generations,
+            groups_per_step=self.rows_per_step,
+            max_staleness=self.max_staleness,
+            max_inflight=self.max_inflight,
+            episode_timeout=self.episode_timeout,
+            cut_stragglers=self.cut_stragglers,
+            parse=ParseOptions(max_completion_length=self.max_completion_length),
         )
 
     @property

@@ -22,7 +22,7 @@ import time
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from nemogym_sdk import AgentClient, ParseOptions, Rollout, RolloutEngine, TaskRow, ranks
+from nemogym_sdk import AgentClient, Rollout, RolloutEngine, TaskRow, ranks
 from nemogym_sdk.train.config import TrainConfig
 
 __all__ = ["Played", "RolloutSource", "play", "rows_for_step"]
@@ -94,7 +94,7 @@ def _sync_steps(
     """Each step's rollouts, this rank's whole groups, and the seconds waited for them; with
     ``prefetch`` step k+1's are played while step k trains (one adapter version stale)."""
     rank, world = ranks.rank(), ranks.world_size()
-    parse = ParseOptions(max_completion_length=config.max_completion_length)
+    parse = config.engine_options().parse
 
     def run(step: int) -> list[Rollout]:
         mine = rows_for_step(rows, step, config)[rank::world]
@@ -134,16 +134,10 @@ class _Async:
         self.engine = RolloutEngine(
             client,
             rows,
+            config.engine_options(),
             eos_token_id=eos,
-            num_generations=config.num_generations,
-            groups_per_step=config.rows_per_step,
-            max_staleness=config.max_staleness,
-            max_inflight=config.max_inflight,
-            episode_timeout=config.episode_timeout,
-            parse=ParseOptions(max_completion_length=config.max_completion_length),
             requeue=requeue,
             next_index=int(resumed.get("next_index", start * config.rows_per_step)),
-            cut_stragglers=config.cut_stragglers,
         ).start()
         if requeue:
             logger.info("resumed: playing the %d group(s) the checkpoint left first", len(requeue))

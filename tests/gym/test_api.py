@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import nemogym_sdk.gym
+from nemogym_sdk.errors import UsageError
 from nemogym_sdk.gym import GymStack, PolicyModel, ServerNotReadyError, free_loopback_ports
 
 from .fakes import make_venv
@@ -64,9 +65,9 @@ def test_properties_need_a_started_stack(tmp_path: Path) -> None:
     """Before start() the config-derived properties raise instead of returning nothing."""
     venv = make_venv(tmp_path / "venv")
     stack = GymStack(["toy"], PolicyModel(base_url="http://127.0.0.1:1/v1", model="m"), venv=venv)
-    with pytest.raises(RuntimeError, match="not been started"):
+    with pytest.raises(UsageError, match="not been started"):
         _ = stack.config
-    with pytest.raises(RuntimeError, match="not running"):
+    with pytest.raises(UsageError, match="not running"):
         _ = stack.directory
     assert stack.builder.environments == ("toy",)
     assert "not started" in repr(stack)

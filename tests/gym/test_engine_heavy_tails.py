@@ -9,7 +9,7 @@ import collections
 
 import pytest
 
-from nemogym_sdk import AgentClient, RolloutEngine, RolloutStatus, TaskRow, load_rows
+from nemogym_sdk import AgentClient, EngineOptions, RolloutEngine, RolloutStatus, TaskRow, load_rows
 from nemogym_sdk.gym import GymStack
 
 from .stacks import StackFactory
@@ -38,11 +38,10 @@ def test_no_step_waits_past_a_deadline_and_no_row_is_lost_or_counted_twice(
         engine = RolloutEngine(
             client,
             tasks,
+            EngineOptions(
+                num_generations=4, groups_per_step=2, max_staleness=1, episode_timeout=DEADLINE_S
+            ),
             eos_token_id=2,
-            num_generations=4,
-            groups_per_step=2,
-            max_staleness=1,
-            episode_timeout=DEADLINE_S,
         ).start()
         for step in range(6):
             played = engine.next_step(timeout=60)

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from nemogym_sdk.errors import ConfigError, NotReadyError
+from nemogym_sdk.errors import ConfigError, NotReadyError, UsageError
 from nemogym_sdk.gym import ServerNotReadyError, ServerStartError
 from nemogym_sdk.processes import group_alive
 
@@ -81,5 +81,5 @@ def test_start_twice_is_refused(stack_factory: StackFactory) -> None:
     stack = stack_factory(["no_such_environment"])
     with pytest.raises(ConfigError):
         stack.start()
-    with pytest.raises(RuntimeError, match="already"):
+    with pytest.raises(UsageError, match="already"):
         stack.start()

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from nemogym_sdk.processes import free_loopback_ports
 from nemogym_sdk.train.config import TrainConfig, resolve_device
 
 from .deployment import ToyDeployment
@@ -110,11 +111,7 @@ def test_prefetch_plays_the_next_step_during_training(
 
 def torchrun(out: Path, *flags: str) -> None:
     """``torchrun --nproc_per_node=2 -m nemogym_sdk.train``, which must exit 0."""
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    (port,) = free_loopback_ports(1)
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
     argv += ["--master_port", str(port), "-m", "nemogym_sdk.train", "--out", str(out), *flags]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ import requests
 
 pytest.importorskip("transformers")
 
+from nemogym_sdk.processes import free_loopback_ports
 from nemogym_sdk.serve import CausalLMBackend, ServeEngine, ServerThread
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,12 +41,6 @@ pytestmark = [
         reason="needs the NeMo Gym venv at .venv-gym/bin/python (nemo-gym 0.7.0, Python 3.13)",
     ),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _gym_config(base_url: str, ports: dict[str, int]) -> dict[str, Any]:
@@ -84,7 +78,7 @@ def _gym_config(base_url: str, ports: dict[str, int]) -> dict[str, Any]:
         }
 
     return {
-        "head_server": {"host": "127.0.0.1", "port": _free_port()},
+        "head_server": {"host": "127.0.0.1", "port": free_loopback_ports(1)[0]},
         "dry_run": False,
         "weather": {
             "resources_servers": {
@@ -155,7 +149,7 @@ def gym_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
     )
     procs: dict[str, subprocess.Popen[bytes]] = {}
     with ServerThread(engine) as ours:
-        ports = {name: _free_port() for name in _SERVER_DIRS}
+        ports = dict(zip(_SERVER_DIRS, free_loopback_ports(len(_SERVER_DIRS)), strict=True))
         config_text = json.dumps(_gym_config(ours.base_url, ports))  # JSON is YAML
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         try:

@@ -62,9 +62,10 @@ from nemogym_sdk.adapters.axolotl.rewards import ENV_REWARD_COLUMN, GROUP_COLUMN
 from nemogym_sdk.adapters.axolotl.schedule import GroupSchedule
 from nemogym_sdk.client import AgentClient
 from nemogym_sdk.collate import collate
+from nemogym_sdk.errors import UsageError
 from nemogym_sdk.metrics import RolloutStats, scalars
 from nemogym_sdk.records import ParseOptions, Rollout
-from nemogym_sdk.rollout_engine import RolloutEngine
+from nemogym_sdk.rollout_engine import EngineOptions, RolloutEngine
 
 __all__ = ["STATUS_COLUMN", "VERSION_COLUMN", "NemoGymDataProducer", "Pacing"]
 
@@ -136,6 +137,8 @@ class NemoGymDataProducer:
         self.mask_truncated_completions = mask_truncated_completions
         self.log_path = Path(log_path) if log_path is not None else None
         self.pacing = pacing
+        self.engine_options = self._options(pacing) if pacing is not None else None
+        """How the engine of asynchronous mode plays (checked here, before it starts)."""
         self.calls = 0
         """Produce calls so far."""
         self.engine: RolloutEngine | None = None
@@ -217,22 +220,28 @@ class NemoGymDataProducer:
 
     def _start_engine(self) -> RolloutEngine:
         """The engine over this rank's rows (a seeded order, cycled), started once."""
+        if self.engine_options is None:
+            raise UsageError("this producer plays synchronously (no pacing): it has no engine")
         if self.engine is None:
-            assert self.pacing is not None
             indices = self.schedule.rank_order()
             self._engine_records = [dict(self.dataset[i]) for i in indices]
             self.engine = RolloutEngine(
                 self.client,
                 [row_of(record) for record in self._engine_records],
+                self.engine_options,
                 eos_token_id=self.eos_token_id,
-                num_generations=self.num_generations,
-                groups_per_step=self.schedule.rows_per_rank,
-                max_staleness=self.pacing.max_staleness,
-                max_inflight=self.pacing.max_inflight,
-                episode_timeout=self.pacing.episode_timeout,
-                parse=self._parse,
             ).start()
         return self.engine
+
+    def _options(self, pacing: Pacing) -> EngineOptions:
+        return EngineOptions(
+            num_generations=self.num_generations,
+            groups_per_step=self.schedule.rows_per_rank,
+            max_staleness=pacing.max_staleness,
+            max_inflight=pacing.max_inflight,
+            episode_timeout=pacing.episode_timeout,
+            parse=self._parse,
+        )
 
     @property
     def _parse(self) -> ParseOptions:

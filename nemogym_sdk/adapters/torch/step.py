@@ -407,5 +407,9 @@ def _advantages(
     if values.shape != (rows,):
         raise ConfigError(f"need one advantage per batch row ({rows}), got shape {values.shape}")
     if not np.all(np.isfinite(values)):
-        raise ConfigError("advantages must be finite")
+        bad = np.flatnonzero(~np.isfinite(values))
+        raise ConfigError(
+            f"advantages must be finite, got {values[bad[0]]} at row {int(bad[0])} "
+            f"({len(bad)} row(s) in all)"
+        )
     return values
