@@ -105,6 +105,10 @@ def start_serve(
         log_path: its log file; default a file in the temporary directory.
         ready_timeout: seconds to wait for ``/health``.
 
+    The server's torch threads wait passively (``OMP_WAIT_POLICY=PASSIVE`` unless this
+    process's environment sets it): it shares the machine's cores with a learner, and threads
+    that spin while they wait starve it (a GRPO loop beside one busy core ran 10x slower).
+
     Raises ``ServerStartError`` (the log's tail included) if it exits, ``ServerNotReadyError``
     if it does not answer in time; the process is stopped before either propagates.
     """
@@ -122,6 +126,7 @@ def start_serve(
         log_path=Path(log_path) if log_path is not None else default_log_path("serve", port),
         health_url=f"http://{LOOPBACK}:{port}/health",
         ready_timeout=ready_timeout,
+        env={"OMP_WAIT_POLICY": "PASSIVE", **os.environ},  # it shares the cores with a learner
     )
     base_url = f"http://{LOOPBACK}:{port}/v1"
     with stopping_on_error(process):
