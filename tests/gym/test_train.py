@@ -160,14 +160,23 @@ def test_nemo_gyms_own_launcher_starts_the_environments(gym_venv: object, tmp_pa
     assert "Starting `target_chars_agent`" in log and "Shutting down Ray cluster" in log
 
 
-def test_config_errors_say_how_to_fix_them(gym_venv: object, tmp_path: Path) -> None:
+def test_config_errors_say_how_to_fix_them(
+    gym_venv: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Unknown environment, unreachable backend, a context too small: exit 2 with the fix,
-    before any server started (no sampler log, no NeMo Gym directory)."""
+    before any server started (no sampler log, no NeMo Gym directory). ``main`` runs in this
+    process (the command line's own path, ``python -m``, is every other test's)."""
+    from nemogym_sdk.train import main
+
     out = tmp_path / "run"
-    done = train(out, "--environments", "no_such_env", expect=2)
-    assert "unknown NeMo Gym environment 'no_such_env'" in done.stderr
-    done = train(out, "--backend-url", "http://127.0.0.1:9", expect=2)
-    assert "not reachable" in done.stderr and "start the sampler" in done.stderr
-    done = train(out, "--max-model-len", "40", expect=2)
-    assert "exceeds max_model_len=40" in done.stderr and "raise max_model_len" in done.stderr
+
+    def refused(*flags: str) -> str:
+        assert main(["--out", str(out), *flags]) == 2
+        return capsys.readouterr().err
+
+    assert "unknown NeMo Gym environment 'no_such_env'" in refused("--environments", "no_such_env")
+    err = refused("--backend-url", "http://127.0.0.1:9")
+    assert "not reachable" in err and "start the sampler" in err
+    err = refused("--max-model-len", "40")
+    assert "exceeds max_model_len=40" in err and "raise max_model_len" in err
     assert not (out / "logs" / "serve.log").exists() and not (out / "gym").exists()
