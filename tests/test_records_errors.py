@@ -72,6 +72,7 @@ LEAVES = {
     errors.NotReadyError: TimeoutError,
     errors.ServerError: errors.NemoGymError,
     errors.LoraSyncError: errors.ServerError,
+    errors.UsageError: RuntimeError,
 }
 
 
