@@ -26,10 +26,10 @@ pytestmark = [pytest.mark.gym, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 FLAGS = ("--rows-per-step", "2", "--num-generations", "4", "--checkpoint-every", "100")
-DEAD_ENV_FLAGS = ("--episode-timeout", "30")
+DEAD_ENV_FLAGS = ("--episode-timeout", "20")
 """Runs whose environment server dies: its episodes end at the episode timeout. It bounds a
-healthy episode too: 30 s leaves room on a loaded 2-core machine, where 10 s timed out
-healthy ones."""
+healthy episode too (about 1 s here): 20 s leaves room on a loaded 2-core machine. (10 s
+timed out healthy ones while torch threads spun, before ``OMP_WAIT_POLICY=PASSIVE``.)"""
 
 
 def start(out: Path, *flags: str) -> subprocess.Popen[str]:

@@ -47,11 +47,11 @@ def run_demo(tmp_path: Path, *flags: str) -> tuple[Path, list[dict[str, Any]]]:
 
 
 def test_trainer_with_the_vllm_backend(vllm_venv: object, tmp_path: Path) -> None:
-    """3 steps: every rollout OK and 3 turns long, the served adapter version advances every
+    """2 steps: every rollout OK and 3 turns long, the served adapter version advances every
     step, and the sampler-learner mismatch stays under the bound."""
-    out, steps = run_demo(tmp_path, "--steps", "3")
+    out, steps = run_demo(tmp_path, "--steps", "2")
     print("steps:", [(s["reward_mean"], s["mismatch_max"], s["step_s"]) for s in steps])
-    assert [s["adapter_version"] for s in steps] == [1, 2, 3]
+    assert [s["adapter_version"] for s in steps] == [1, 2]
     for step in steps:
         assert step["failures"] == {} and step["rollouts"] == 8 and step["turns_mean"] == 3.0
         assert step["mismatch_max"] < MISMATCH_MAX, step
