@@ -169,7 +169,8 @@ def chain(gym_venv: object, tmp_path_factory: pytest.TempPathFactory) -> Chain:
     dead_sampler = Stop.of(trainer, servers, out)
 
     steps = str(dead_sampler.steps + 2)
-    trainer = start(out, "--steps", steps, "--resume", "--checkpoint-every", "1", *DEAD_ENV_FLAGS)
+    resume = ("--steps", steps, "--resume", "--checkpoint-every", "1", "--max-failure-rate", "1")
+    trainer = start(out, *resume, *DEAD_ENV_FLAGS)
     wait_for_steps(out, trainer, dead_sampler.steps + 1)
     servers = children(trainer.pid)
     os.kill(the(servers, "envs/target_chars)"), signal.SIGKILL)
