@@ -23,6 +23,12 @@ Only the modules in ``HEAVY_AT_IMPORT`` import a heavy framework when they load;
 ``import nemogym_sdk`` loads no network, YAML or heavy module and none of the io layer; and
 ``import nemogym_sdk.train.config`` (the trainer's settings) loads no heavy framework and
 no room but the core.
+
+Why this walker and not import-linter's contracts: they see an import wherever it is
+written, so they cannot say "torch may load inside this function, not when the module
+loads", the rule that keeps ``import nemogym_sdk`` light (``HEAVY_AT_IMPORT``); and the light
+imports are proven in a fresh interpreter, which no static contract does. What import-linter
+would add (its layers contract) is the ``MAY_IMPORT`` table below, one rule per room.
 """
 
 from __future__ import annotations
