@@ -120,3 +120,8 @@ def test_help_shows_each_settings_docstring(capsys: pytest.CaptureFixture[str]) 
         first_words = " ".join(doc.replace("``", "").split()[:4])
         assert first_words in shown, (name, first_words)
     assert "(default: 20)" in shown  # steps
+    assert "--mode {sync,async}" in shown and "--backend {transformers,vllm}" in shown
+    assert "(default: target_chars)" in shown and "(default: ())" not in shown  # a list
+    assert "(default: None)" not in shown
+    assert "time out at 600 s). (default: 600)" in shown  # episode_timeout, unset
+    assert shown.endswith("https://nemogym-sdk.github.io/nemogym_sdk/reference/train-config/")

@@ -24,7 +24,7 @@ import yaml
 
 from nemogym_sdk import _extras
 from nemogym_sdk.devices import parse_device, torch_device
-from nemogym_sdk.errors import ConfigError
+from nemogym_sdk.errors import DOCS_URL, ConfigError
 from nemogym_sdk.grpo import ImportanceSampling, LossType, PolicyLoss
 from nemogym_sdk.policy import VERSION_POLICIES
 from nemogym_sdk.records import ParseOptions
@@ -51,6 +51,10 @@ IMPORTANCE_SAMPLING = tuple(str(mode) for mode in ImportanceSampling)
 LOSSES = tuple(str(loss) for loss in LossType)
 """The policy losses (``nemogym_sdk.grpo.LossType``)."""
 TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")
+REQUEST_TIMEOUT_S = 600.0
+"""An episode's request timeout when ``episode_timeout`` is unset."""
+SETTINGS_URL = f"{DOCS_URL}reference/train-config/"
+"""The documentation's settings page (``docs/reference/train-config.md``)."""
 """The experiment trackers ``report_to`` may name (``nemogym_sdk.train.trackers``)."""
 
 
@@ -149,7 +153,7 @@ class TrainConfig:
     ``(max_staleness + 1) * rows_per_step * num_generations``)."""
     episode_timeout: float | None = None
     """Seconds an episode may play before it ends as a ``TIMEOUT`` failure, so a stuck one
-    cannot hold a step (both modes; default 600)."""
+    cannot hold a step (both modes; unset, its requests time out at 600 s)."""
     cut_stragglers: bool = False
     """``async``: hand out a group whose turn has come as soon as two of its episodes are
     ``OK``; the ones still playing end as ``TIMEOUT`` failures (a slow episode never holds
@@ -368,10 +372,36 @@ def field_docs() -> dict[str, str]:
     return found
 
 
+def _choices() -> dict[str, tuple[str, ...]]:
+    """The settings that take one of a few values, and those values (shown by ``--help``;
+    ``TrainConfig`` checks them)."""
+    return {
+        "backend": BACKENDS,
+        "dtype": DTYPES,
+        "launcher": LAUNCHERS,
+        "loss": LOSSES,
+        "mode": MODES,
+        "version_policy": VERSION_POLICIES,
+        "importance_sampling": IMPORTANCE_SAMPLING,
+    }
+
+
+def _shown(default: object) -> str:
+    """A default as a user would write it: ``a,b`` for a list, ``none`` for no value."""
+    if isinstance(default, tuple):
+        return ",".join(map(str, default)) if default else "none"
+    return "none" if default is None else str(default)
+
+
+_UNSET_MEANS = {"episode_timeout": f"{REQUEST_TIMEOUT_S:g}"}
+"""Settings whose unset value stands for a number the trainer uses (``--help`` shows it)."""
+
+
 def _help(name: str, default: object) -> str:
     """A flag's ``--help``: its field's docstring on one line, then the default."""
     text = re.sub(r"``(.+?)``", r"\1", " ".join(field_docs().get(name, "").split()))
-    return f"{text} (default: {default})".replace("%", "%%").strip()
+    shown = _UNSET_MEANS.get(name, _shown(default)) if default is None else _shown(default)
+    return f"{text} (default: {shown})".replace("%", "%%").strip()
 
 
 def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
@@ -382,8 +412,12 @@ def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
     merge the YAML file under the flags, which is what a run's config needs."""
     fields = {f.name: f for f in attrs.fields(TrainConfig)}
     parser = argparse.ArgumentParser(
-        prog="nemogym-train", description="GRPO on NeMo Gym environments, from SDK parts."
+        prog="nemogym-train",
+        description="GRPO on NeMo Gym environments, from SDK parts.",
+        epilog=f"Every setting, with its default and what it does:\n  {SETTINGS_URL}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # the URL on one line
     )
+    choices = _choices()
     parser.add_argument("--config", type=Path, help="YAML file; its keys are the flags' names")
     for name, field in fields.items():
         flag = "--" + name.replace("_", "-")
@@ -393,7 +427,8 @@ def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
                 flag, dest=name, default=None, action=argparse.BooleanOptionalAction, help=helps
             )
         else:
-            parser.add_argument(flag, dest=name, default=None, help=helps)
+            shown = "{" + ",".join(choices[name]) + "}" if name in choices else None
+            parser.add_argument(flag, dest=name, default=None, metavar=shown, help=helps)
     args = parser.parse_args(argv)
     values: dict[str, Any] = {}
     if args.config is not None:

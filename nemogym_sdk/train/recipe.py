@@ -79,7 +79,7 @@ from nemogym_sdk.train.checkpoints import (
     resume_point,
     save_checkpoint,
 )
-from nemogym_sdk.train.config import TrainConfig, parse_config, resolve_device
+from nemogym_sdk.train.config import REQUEST_TIMEOUT_S, TrainConfig, parse_config, resolve_device
 from nemogym_sdk.train.faults import (
     Interrupted,
     RunStoppedError,
@@ -415,7 +415,7 @@ def run(config: TrainConfig, *, signals: StopSignals | None = None) -> dict[str,
         AgentClient(
             deployments,
             sampling=setup.sampling,
-            timeouts=Timeouts(request=config.episode_timeout or 600.0),
+            timeouts=Timeouts(request=config.episode_timeout or REQUEST_TIMEOUT_S),
             group_affinity=config.several_samplers,  # a group's rollouts on one replica
         ) as client,
         outputs(config, out, start, rank) as log,
