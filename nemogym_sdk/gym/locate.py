@@ -24,7 +24,7 @@ from pathlib import Path
 
 import attrs
 
-from nemogym_sdk.errors import ConfigError
+from nemogym_sdk.errors import DOCS_URL, ConfigError
 from nemogym_sdk.gym.errors import GymVenvNotFoundError
 
 __all__ = [
@@ -92,6 +92,32 @@ def default_gym_venv_path() -> Path:
     return _REPO_ROOT / ".venv-gym"
 
 
+_PYTHON_313 = (
+    "(no python3.13? under pyenv: `pyenv install 3.13`, then use "
+    "`$(pyenv prefix 3.13)/bin/python -m venv`)"
+)
+_GYM_PIP = "pip install --ignore-requires-python nemo-gym==0.7.0"
+
+
+def _venv_hint(root: Path, chosen: bool) -> str:
+    """How to make the venv: where the user chose it (a path, ``$NEMOGYM_GYM_VENV``), there;
+    else the install page's recipe, anywhere and then the variable (the default,
+    ``.venv-gym`` beside the package, is a checkout's: inside ``site-packages`` after a pip
+    install)."""
+    if chosen:
+        create = f"python3.13 -m venv {root} && {root}/bin/{_GYM_PIP}"
+        return f"Create it there with `{create}` {_PYTHON_313}."
+    recipe = (
+        f"python3.13 -m venv ~/venvs/nemo-gym && ~/venvs/nemo-gym/bin/{_GYM_PIP} && "
+        f"export {GYM_VENV_ENV_VAR}=~/venvs/nemo-gym"
+    )
+    return (
+        f"Create one anywhere and point ${GYM_VENV_ENV_VAR} at it: `{recipe}` {_PYTHON_313}. "
+        "In a checkout of nemogym_sdk, `make gym-venv` builds the default one. "
+        f"See {DOCS_URL}install/."
+    )
+
+
 def find_gym_venv(path: str | os.PathLike[str] | None = None) -> GymVenv:
     """Locate and validate the NeMo Gym venv.
 
@@ -99,11 +125,8 @@ def find_gym_venv(path: str | os.PathLike[str] | None = None) -> GymVenv:
     Raises :class:`GymVenvNotFoundError` saying what is missing and how to fix it.
     """
     root = Path(path).expanduser() if path is not None else default_gym_venv_path()
-    hint = (
-        f"Create it with `python3.13 -m venv {root} && {root}/bin/pip install "
-        f"--ignore-requires-python nemo-gym==0.7.0`, or point ${GYM_VENV_ENV_VAR} at an "
-        "existing one."
-    )
+    chosen = path is not None or bool(os.environ.get(GYM_VENV_ENV_VAR))
+    hint = _venv_hint(root, chosen)
     if not root.is_dir():
         raise GymVenvNotFoundError(f"NeMo Gym venv not found at {root}. {hint}")
     # Keep the venv path itself (not its resolved target): a venv interpreter is

@@ -20,6 +20,28 @@ def test_missing_venv_is_a_clear_error(tmp_path: Path) -> None:
     assert isinstance(caught.value, ValueError)
 
 
+def test_without_a_chosen_venv_the_error_gives_the_install_pages_recipe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No path and no ``$NEMOGYM_GYM_VENV`` (a pip user's first run): the message says to
+    create the venv anywhere and set the variable, with Python 3.13 under pyenv too, never
+    to build it inside ``site-packages``; a chosen path gets the recipe for that path."""
+    monkeypatch.delenv(GYM_VENV_ENV_VAR, raising=False)
+    monkeypatch.setattr("nemogym_sdk.gym.locate._REPO_ROOT", Path("/nowhere/site-packages"))
+    with pytest.raises(GymVenvNotFoundError) as caught:
+        find_gym_venv()
+    message = str(caught.value)
+    assert "python3.13 -m venv ~/venvs/nemo-gym" in message
+    assert f"export {GYM_VENV_ENV_VAR}=~/venvs/nemo-gym" in message
+    assert "pyenv install 3.13" in message and "install/" in message
+    assert "-m venv /nowhere" not in message
+    monkeypatch.setenv(GYM_VENV_ENV_VAR, "/opt/gym-venv")
+    with pytest.raises(
+        GymVenvNotFoundError, match=r"Create it there with `python3.13 -m venv /opt/gym-venv"
+    ):
+        find_gym_venv()
+
+
 def test_venv_without_python_or_nemo_gym_is_refused(tmp_path: Path) -> None:
     """A directory without bin/python, or without nemo_gym installed, is not accepted."""
     (tmp_path / "empty").mkdir()
