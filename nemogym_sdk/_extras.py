@@ -10,10 +10,15 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Iterable
 
-__all__ = ["CPU_TORCH", "install", "missing", "needs"]
+__all__ = ["CPU_TORCH", "TORCH_CPU_INDEX", "install", "missing", "needs"]
 
 DISTRIBUTION = "nemogym-sdk"
-CPU_TORCH = "on a CPU-only machine, install the CPU build of torch first: pip install torch==2.13.0"
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+"""PyTorch's index of CPU-only builds (PyPI's ``torch`` on Linux is the multi-GB CUDA one)."""
+CPU_TORCH = (
+    "on a CPU-only machine, install the CPU build of torch first: "
+    f"pip install torch==2.13.0 --index-url {TORCH_CPU_INDEX}"
+)
 
 
 def install(extra: str) -> str:

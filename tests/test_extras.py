@@ -21,6 +21,7 @@ def test_missing_torch_adds_how_to_get_its_cpu_build() -> None:
     assert message.startswith("the reference trainer needs torch, peft and tqdm: ")
     assert message.endswith(f"pip install 'nemogym-sdk[train]' ({_extras.CPU_TORCH})")
     assert _extras.CPU_TORCH not in _extras.needs("x", ["peft"], "torch")
+    assert "--index-url https://download.pytorch.org/whl/cpu" in _extras.CPU_TORCH  # not CUDA
 
 
 def test_missing_is_what_cannot_be_found(monkeypatch: pytest.MonkeyPatch) -> None:

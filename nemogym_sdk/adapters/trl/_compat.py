@@ -66,8 +66,7 @@ def import_trl() -> ModuleType:
     except ImportError as exc:
         raise ImportError(
             f"nemogym_sdk.adapters.trl needs TRL, transformers and torch: {_INSTALL_HINT} "
-            "(on a CPU-only machine install the CPU build of torch first: "
-            "pip install torch==2.13.0)"
+            f"({_extras.CPU_TORCH})"
         ) from exc
     check_trl_version(str(getattr(trl, "__version__", "unknown")))
     return trl
