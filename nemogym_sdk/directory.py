@@ -325,7 +325,10 @@ def _wait_for_head(http: requests.Session, head_url: str, timeout: float, wait: 
     )
     if pending:
         raise NotReadyError(
-            f"head server {head_url} not ready after {wait:g} s ({pending['head']})"
+            f"head server {head_url} not ready after {wait:g} s ({pending['head']}). Is NeMo "
+            "Gym running there? Start it with `gym env start` (NeMo Gym's launcher), or let "
+            "the SDK start it: GymStack(..., head_server=True), or nemogym-train without "
+            "--head-url"
         )
 
 

@@ -127,9 +127,10 @@ def test_head_not_ready_times_out_with_reason() -> None:
 
 
 def test_unreachable_head_raises_not_ready() -> None:
-    """Nothing listening: NotReadyError names the head URL."""
-    with pytest.raises(NotReadyError, match=r"127\.0\.0\.1:9"):
+    """Nothing listening: NotReadyError names the head URL and how to start NeMo Gym."""
+    with pytest.raises(NotReadyError, match=r"127\.0\.0\.1:9") as caught:
         ServerDirectory.from_head("127.0.0.1:9", wait=0.0, timeout=0.5)
+    assert "gym env start" in str(caught.value) and "head_server=True" in str(caught.value)
 
 
 def test_wait_until_ready_names_missing_servers() -> None:
