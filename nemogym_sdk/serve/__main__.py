@@ -44,7 +44,7 @@ class _ModeAction(argparse.Action):
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of the CLI."""
     parser = argparse.ArgumentParser(
-        prog="python -m nemogym_sdk.serve",
+        prog="nemogym-serve",  # also `python -m nemogym_sdk.serve`
         description=(
             "OpenAI/vLLM-compatible CPU model server for NeMo Gym's vllm_model: token ids, "
             "logprobs, the on-policy prefix splice, and vLLM's runtime LoRA routes."
