@@ -3,7 +3,9 @@
 
 - ``outputs``: per step, a line of ``metrics.jsonl`` (rank 0), the trackers of
   ``--report-to`` (``nemogym_sdk.train.trackers``) and the progress bar;
-- ``finish``: ``summary.json`` and ``reward_curve.png``, and where everything is.
+- ``finish``: ``summary.json`` and ``reward_curve.png``, and where everything is;
+- ``say``: one line on stderr for a phase that takes a while (starting servers, waiting for
+  one), so a user never waits in silence.
 
 Imports tqdm and matplotlib inside the functions that need them.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -28,11 +31,17 @@ __all__ = [
     "plot_curve",
     "postfix",
     "progress",
+    "say",
 ]
 
 
 MetricsLog: TypeAlias = Callable[[dict[str, Any]], None]
 """``log(line)``: one step's metrics to ``metrics.jsonl``, the trackers and the progress bar."""
+
+
+def say(message: str) -> None:
+    """``nemogym-train: message`` on stderr, now (a phase that takes more than a moment)."""
+    print(f"nemogym-train: {message}", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager

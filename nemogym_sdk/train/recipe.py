@@ -96,7 +96,7 @@ from nemogym_sdk.train.learner import (
     prepare,
     setup_processes,
 )
-from nemogym_sdk.train.outputs import MetricsLog, finish, outputs
+from nemogym_sdk.train.outputs import MetricsLog, finish, outputs, say
 from nemogym_sdk.train.play import Played, RolloutSource, play
 from nemogym_sdk.train.sampler import sampler
 from nemogym_sdk.wire import RESPONSES_CREATE_PARAMS, input_messages
@@ -110,6 +110,10 @@ if TYPE_CHECKING:  # the learner's types; torch and peft load only when a run st
 __all__ = ["build_policy", "main", "run"]
 
 logger = logging.getLogger(__name__)
+
+
+HEAD_WAIT_S = 60.0
+"""How long a run waits for each ``head_url`` to answer ``/readyz``."""
 
 
 # --- 1. processes, 2. model: nemogym_sdk.train.learner -----------------------------------
@@ -145,7 +149,9 @@ def environments(config: TrainConfig, base_url: str, out: Path) -> Iterator[list
     Attached through head servers (``head_url``), or started here by ``GymStack`` or NeMo
     Gym's own launcher (``launcher``)."""
     if config.head_url:
-        deployments = [ServerDirectory.from_head(head, wait=60) for head in config.head_url]
+        for head in config.head_url:
+            say(f"waiting for the head server at {head} (up to {HEAD_WAIT_S:g} s)...")
+        deployments = [ServerDirectory.from_head(h, wait=HEAD_WAIT_S) for h in config.head_url]
         for deployment in deployments:
             check_served_name(deployment, config.adapter_name, backend_url=base_url)
         yield deployments
@@ -159,6 +165,8 @@ def environments(config: TrainConfig, base_url: str, out: Path) -> Iterator[list
         if config.launcher == "gym"
         else GymStack(config.environments, policy, env_path=env_path, workdir=out / "gym")
     )
+    how = "gym env start" if config.launcher == "gym" else "GymStack"
+    say(f"starting NeMo Gym ({how}): {', '.join(config.environments)}...")
     with started:
         check_served_name(started.directory, config.adapter_name, backend_url=base_url)
         yield [started.directory]

@@ -25,6 +25,7 @@ from nemogym_sdk._net.http import check, send
 from nemogym_sdk.errors import ConfigError, NemoGymError
 from nemogym_sdk.hosts import openai_url
 from nemogym_sdk.train.config import TrainConfig
+from nemogym_sdk.train.outputs import say
 
 __all__ = ["sampler"]
 
@@ -53,6 +54,7 @@ def sampler(config: TrainConfig, out: Path, device: str = "cpu") -> Iterator[str
         yield from _replicated_sampler(config, out, model, device)
         return
     if config.backend == "transformers":
+        say(f"starting the sampler (nemogym_sdk.serve, model {config.model}, on {device})...")
         with start_serve(
             mode="sample",
             logprobs_mode="processed_logprobs",  # the distribution sampled from: what GRPO needs
@@ -73,6 +75,7 @@ def _vllm_sampler(config: TrainConfig, out: Path, model: str | None, device: str
 
     model_dir = Path(model) if model is not None else save_tiny(out / "model", config.seed)
     logs = out / "logs"
+    say("starting vLLM and the token-exact proxy in front of it...")
     with (
         start_vllm(
             model_dir,
@@ -124,6 +127,7 @@ def _replicated_sampler(
     replica_args = ["--device", device] if config.backend == "transformers" else []
     if config.backend == "vllm" and on_gpu:
         replica_args = ["--gpu-memory-utilization", str(round(0.5 / config.replicas, 2))]
+    say(f"starting {config.replicas} {config.backend} sampler replicas behind vllm-router...")
     with start_samplers(
         config.replicas,
         model_dir,

@@ -59,6 +59,8 @@ def test_trainer_runs_checkpoints_and_resumes(
     attach = (*toy_deployment.flags, *SMALL, "--checkpoint-every", "2")
     done = train(out, *attach, "--steps", "4")
     assert "metrics" in done.stdout and "reward_curve.png" in done.stdout
+    head = toy_deployment.stack.directory.head_url
+    assert f"nemogym-train: waiting for the head server at {head} (up to 60 s)" in done.stderr
     steps = metrics(out)
     assert [s["step"] for s in steps] == [0, 1, 2, 3]
     for step in steps:

@@ -185,6 +185,9 @@ def test_sigterm_stops_at_a_step_boundary_and_resume_goes_on(chain: Chain) -> No
     adapter versions (the chain's last test checks the whole sequence)."""
     stop = chain.sigterm
     assert stop.status == 128 + signal.SIGTERM, stop.err[-3000:]
+    # each phase that takes a while says so (no silent wait before the first step)
+    assert "nemogym-train: starting the sampler (nemogym_sdk.serve, model tiny" in stop.err
+    assert "nemogym-train: starting NeMo Gym (GymStack): target_chars..." in stop.err
     assert_stopped_cleanly(stop.servers, stop.err)
     kept = chain.out / "checkpoints" / f"step_{stop.steps:06d}"
     assert stop.steps >= 2 and stop.checkpoints == [kept.name]
