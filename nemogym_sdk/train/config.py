@@ -51,6 +51,17 @@ IMPORTANCE_SAMPLING = tuple(str(mode) for mode in ImportanceSampling)
 LOSSES = tuple(str(loss) for loss in LossType)
 """The policy losses (``nemogym_sdk.grpo.LossType``)."""
 TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")
+_CHOICES = {
+    "backend": BACKENDS,
+    "dtype": DTYPES,
+    "launcher": LAUNCHERS,
+    "loss": LOSSES,
+    "mode": MODES,
+    "version_policy": VERSION_POLICIES,
+    "importance_sampling": IMPORTANCE_SAMPLING,
+}
+"""The settings that take one of a few values, and those values: ``TrainConfig`` checks
+them, ``--help`` shows them."""
 REQUEST_TIMEOUT_S = 600.0
 """An episode's request timeout when ``episode_timeout`` is unset."""
 SETTINGS_URL = f"{DOCS_URL}reference/train-config/"
@@ -191,11 +202,12 @@ class TrainConfig:
     default (``nemogym_sdk.train.trackers``; ``pip install 'nemogym-sdk[trackers]'``)."""
 
     def __attrs_post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        for name, allowed in _CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ConfigError(
+                    f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
+                )
         parse_device(self.device)
-        if self.loss not in LOSSES:
-            raise ConfigError(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
         self._check_async()
         self._check_replicas()
         self._check_trackers()
@@ -215,12 +227,6 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if not self.environments and not self.head_url:
             raise ConfigError("name at least one environment, or attach with head_url")
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.launcher not in LAUNCHERS:
-            raise ConfigError(
-                f"launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}"
-            )
         for entry in self.env_path:  # checked before the sampler starts, not after
             if not Path(entry).expanduser().is_dir():
                 raise ConfigError(
@@ -283,16 +289,6 @@ class TrainConfig:
         return self.replicas > 1 or bool(self.replica_urls) or self.group_affinity
 
     def _check_async(self) -> None:
-        choices = (
-            ("mode", MODES),
-            ("version_policy", VERSION_POLICIES),
-            ("importance_sampling", IMPORTANCE_SAMPLING),
-        )
-        for name, allowed in choices:
-            if getattr(self, name) not in allowed:
-                raise ConfigError(
-                    f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
-                )
         if self.mode == "async" and self.prefetch:
             raise ConfigError(
                 "prefetch is the sync mode's one-step overlap; --mode async overlaps by "
@@ -372,20 +368,6 @@ def field_docs() -> dict[str, str]:
     return found
 
 
-def _choices() -> dict[str, tuple[str, ...]]:
-    """The settings that take one of a few values, and those values (shown by ``--help``;
-    ``TrainConfig`` checks them)."""
-    return {
-        "backend": BACKENDS,
-        "dtype": DTYPES,
-        "launcher": LAUNCHERS,
-        "loss": LOSSES,
-        "mode": MODES,
-        "version_policy": VERSION_POLICIES,
-        "importance_sampling": IMPORTANCE_SAMPLING,
-    }
-
-
 def _shown(default: object) -> str:
     """A default as a user would write it: ``a,b`` for a list, ``none`` for no value."""
     if isinstance(default, tuple):
@@ -417,7 +399,7 @@ def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
         epilog=f"Every setting, with its default and what it does:\n  {SETTINGS_URL}",
         formatter_class=argparse.RawDescriptionHelpFormatter,  # the URL on one line
     )
-    choices = _choices()
+
     parser.add_argument("--config", type=Path, help="YAML file; its keys are the flags' names")
     for name, field in fields.items():
         flag = "--" + name.replace("_", "-")
@@ -427,7 +409,7 @@ def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
                 flag, dest=name, default=None, action=argparse.BooleanOptionalAction, help=helps
             )
         else:
-            shown = "{" + ",".join(choices[name]) + "}" if name in choices else None
+            shown = "{" + ",".join(_CHOICES[name]) + "}" if name in _CHOICES else None
             parser.add_argument(flag, dest=name, default=None, metavar=shown, help=helps)
     args = parser.parse_args(argv)
     values: dict[str, Any] = {}
