@@ -397,16 +397,23 @@ async def test_one_hot_agent_does_not_starve_another() -> None:
 
 
 async def test_stream_yields_every_rollout_exactly_once_as_they_complete() -> None:
-    """``stream`` under faults yields each (row, repeat) once, in completion order."""
+    """``stream`` under faults yields each (row, repeat) once, in completion order.
+
+    The first row answers after a second; the other 78 rollouts need milliseconds each, so
+    a stream that keeps the input order would yield the slow row first. How many come
+    before it depends on the machine's load (a retried row can finish late on a busy
+    box), so the bound is half of them, not all.
+    """
     plan = {"t0": always(Fault.SLOW), "t1": burst(Fault.RESET, 2), "t2": always(Fault.HTTP_500)}
     plan |= {f"t{i}": burst(Fault.HTTP_503, 1) for i in range(3, 40, 3)}
-    with fault_agent(plan, slow_s=0.3) as agent:
+    with fault_agent(plan, slow_s=1.0) as agent:
         async with AgentClient({"a": agent.url}, retry=FAST_RETRY) as client:
             seen = [r async for r in client.stream(_rows(40), eos_token_id=EOS, num_generations=2)]
     keys = [(r.row_id, r.repeat_index) for r in seen]
     assert len(keys) == len(set(keys)) == 80
     assert set(keys) == {(f"faults.jsonl:{i}", k) for i in range(40) for k in range(2)}
-    assert {r.row_id for r in seen[-2:]} == {"faults.jsonl:0"}  # the slow row comes last
+    first_slow = next(i for i, r in enumerate(seen) if r.row_id == "faults.jsonl:0")
+    assert first_slow >= 39, f"only {first_slow} rollouts came before the slow row"
     for rollout in seen:
         if _task(rollout) == "t2":
             assert rollout.status is RolloutStatus.AGENT_ERROR
