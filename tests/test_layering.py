@@ -105,6 +105,7 @@ HEAVY_AT_IMPORT = frozenset(
         "nemogym_sdk.logits",
         "nemogym_sdk.lora.callback",
         "nemogym_sdk.serve.backend",
+        "nemogym_sdk.serve.batch",
     }
 )
 

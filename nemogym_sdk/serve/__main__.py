@@ -41,6 +41,16 @@ class _ModeAction(argparse.Action):
         namespace.mode_given = True
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of the CLI."""
     parser = argparse.ArgumentParser(
@@ -179,6 +189,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-model-len", type=int, default=None, help="context window (default: from config)"
     )
     parser.add_argument(
+        "--max-num-seqs",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help=(
+            "--backend transformers: most generations decoded together, one forward pass per "
+            "token for all of them (vLLM's name; default 64)"
+        ),
+    )
+    parser.add_argument(
         "--save-tiny",
         metavar="DIR",
         default=None,
@@ -267,6 +287,11 @@ def _engine(args: argparse.Namespace) -> ServeEngine:
                 "--device is for --backend transformers; with --backend vllm the vLLM server "
                 "chooses its device"
             )
+        if args.max_num_seqs is not None:
+            raise ConfigError(
+                "--max-num-seqs is for --backend transformers; with --backend vllm, give it to "
+                "the vLLM server"
+            )
         backend = VllmBackend.from_pretrained(
             args.model,
             args.vllm_url,
@@ -279,17 +304,18 @@ def _engine(args: argparse.Namespace) -> ServeEngine:
         served_model_name = args.served_model_name
     else:
         from nemogym_sdk.devices import torch_device
-        from nemogym_sdk.serve.backend import CausalLMBackend
+        from nemogym_sdk.serve.backend import DEFAULT_MAX_BATCH, CausalLMBackend
         from nemogym_sdk.serve.tiny import TINY_MODEL_NAME
 
         device = torch_device(args.device or "cpu")
+        max_batch = args.max_num_seqs or DEFAULT_MAX_BATCH
         if args.model is None:
-            backend = CausalLMBackend.tiny(args.seed, device=device)
+            backend = CausalLMBackend.tiny(args.seed, device=device, max_batch=max_batch)
             if args.max_model_len is not None:
                 backend.max_model_len = args.max_model_len
         else:
             backend = CausalLMBackend.from_pretrained(
-                args.model, max_model_len=args.max_model_len, device=device
+                args.model, max_model_len=args.max_model_len, device=device, max_batch=max_batch
             )
         served_model_name = args.served_model_name or (
             TINY_MODEL_NAME if args.model is None else args.model

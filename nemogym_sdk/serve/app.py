@@ -1,7 +1,8 @@
 """The aiohttp application (vLLM's routes) and ways to run it: async, or in a background thread.
 
-Model work is serialized: one ``asyncio.Lock`` plus a one-thread executor, so the event loop
-stays free to answer ``/health`` and ``/v1/models`` while a request generates.
+Model work runs on a pool of threads, so the event loop stays free to answer ``/health`` and
+``/v1/models`` while requests generate; generations asked for at once are decoded as one batch
+(`nemogym_sdk.serve.batch`), and adapter loads run alone.
 """
 
 from __future__ import annotations
@@ -41,29 +42,41 @@ ROUTES: dict[str, tuple[str, ...]] = {
 
 
 class _Worker:
-    """Runs model calls one at a time on a dedicated thread; ``urgent`` calls (adapter
-    loads) go before every call still waiting, so publishing a new version never waits
-    behind a queue of generations (an asynchronous trainer publishes while they play)."""
+    """Runs model calls on ``threads`` threads, that many at once; ``exclusive`` calls
+    (adapter loads) run alone and go before every call still waiting, so publishing a new
+    version waits only for the calls already running, never behind a queue of them (an
+    asynchronous trainer publishes while episodes play)."""
 
-    def __init__(self) -> None:
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nemogym-serve")
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="nemogym-serve")
         self._turn = asyncio.Condition()
-        self._busy = False
-        self._urgent = 0
+        self._running = 0
+        self._alone = False
+        self._queued_alone = 0
 
-    async def run(self, fn: Callable[..., T], *args: Any, urgent: bool = False) -> T:
+    async def run(self, fn: Callable[..., T], *args: Any, exclusive: bool = False) -> T:
         async with self._turn:
-            self._urgent += urgent
-            try:
-                await self._turn.wait_for(lambda: not self._busy and (urgent or self._urgent == 0))
-            finally:
-                self._urgent -= urgent
-            self._busy = True
+            if exclusive:
+                self._queued_alone += 1
+                try:
+                    await self._turn.wait_for(lambda: self._running == 0)
+                finally:
+                    self._queued_alone -= 1
+                self._alone = True
+            else:
+                await self._turn.wait_for(
+                    lambda: (
+                        self._queued_alone == 0 and not self._alone and self._running < self.threads
+                    )
+                )
+            self._running += 1
         try:
             return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
         finally:
             async with self._turn:
-                self._busy = False
+                self._running -= 1
+                self._alone = self._alone and not exclusive
                 self._turn.notify_all()
 
 
@@ -167,13 +180,13 @@ async def _tokenize(request: web.Request) -> web.StreamResponse:
 async def _load_lora(request: web.Request) -> web.StreamResponse:
     engine, body = request.app[ENGINE_KEY], await _body(request)
     worker = request.app[WORKER_KEY]
-    return web.Response(text=await worker.run(engine.load_lora, body, urgent=True))
+    return web.Response(text=await worker.run(engine.load_lora, body, exclusive=True))
 
 
 async def _unload_lora(request: web.Request) -> web.StreamResponse:
     engine, body = request.app[ENGINE_KEY], await _body(request)
     worker = request.app[WORKER_KEY]
-    return web.Response(text=await worker.run(engine.unload_lora, body, urgent=True))
+    return web.Response(text=await worker.run(engine.unload_lora, body, exclusive=True))
 
 
 def create_app(engine: ServeEngine) -> web.Application:
@@ -188,7 +201,9 @@ def create_app(engine: ServeEngine) -> web.Application:
 
         add_proxy_routes(app, engine, engine.proxy)
         return app
-    worker = _Worker()
+    # Sampling calls share batches: a full batch and room beside it. Scripted answers are
+    # scored one at a time.
+    worker = _Worker(threads=engine.local.max_batch + 4 if engine.mode == "sample" else 1)
     app[WORKER_KEY] = worker
     app.router.add_get("/health", _health)
     app.router.add_get("/v1/models", _models)

@@ -1,6 +1,8 @@
 """Transformers causal-LM backend: render prompts, sample with logprobs, score forced tokens, LoRA.
 
-Not thread-safe: the HTTP layer runs every call on one worker thread, one request at a time.
+Thread-safe: the HTTP layer answers each request on its own thread. Generations asked for at
+once are decoded together, one forward pass per token for the whole batch
+(`nemogym_sdk.serve.batch`); scoring and adapter changes take the model alone.
 Logprobs follow vLLM's ``--logprobs-mode`` (see `nemogym_sdk.logits`): ``raw_logprobs``
 (the default) is the model's log-softmax whatever the sampling parameters; ``processed_logprobs``
 is the log-softmax of the distribution the token was drawn from (temperature, top-k, top-p
@@ -12,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,16 +26,20 @@ require_serve_deps()
 
 import torch  # noqa: E402
 
-from nemogym_sdk.logits import is_greedy, process_logits  # noqa: E402
+from nemogym_sdk.logits import process_logits  # noqa: E402
+from nemogym_sdk.serve.batch import Batcher, Finish, SampleJob, decode_batch  # noqa: E402
 from nemogym_sdk.serve.errors import BadRequestError  # noqa: E402
-from nemogym_sdk.serve.interface import MASKED_LOGPROB, Generation, LogprobsMode  # noqa: E402
+from nemogym_sdk.serve.interface import Generation, LogprobsMode, finite_logprob  # noqa: E402
 from nemogym_sdk.serve.lora_adapters import LoraAdapters  # noqa: E402
 from nemogym_sdk.serve.protocol import RequestSampling, TokenLogprob  # noqa: E402
 from nemogym_sdk.serve.template import ChatTemplate, eos_ids_of  # noqa: E402
 
-__all__ = ["CausalLMBackend", "Generation"]
+__all__ = ["DEFAULT_MAX_BATCH", "CausalLMBackend", "Generation"]
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BATCH = 64
+"""Most generations decoded in one batch (vLLM's ``--max-num-seqs``)."""
 
 
 class CausalLMBackend:
@@ -46,10 +53,12 @@ class CausalLMBackend:
         name_or_path: str,
         max_model_len: int | None = None,
         device: str | torch.device = "cpu",
+        max_batch: int = DEFAULT_MAX_BATCH,
     ) -> None:
         """Wrap a loaded ``transformers`` model (eval mode, moved to ``device``) and fast
         tokenizer; ``device`` is a torch device or a device setting
-        (`nemogym_sdk.devices.torch_device`)."""
+        (`nemogym_sdk.devices.torch_device`); ``max_batch`` generations at most are decoded
+        together."""
         generation_config = getattr(model, "generation_config", None)
         self.template = ChatTemplate(
             tokenizer,
@@ -78,9 +87,23 @@ class CausalLMBackend:
         # transformers renamed past_key_values -> cache (5.2x); older releases lack logits_to_keep.
         self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
         self._logits_to_keep = "logits_to_keep" in forward_params
+        self._model_lock = threading.Lock()
+        """Held by a decoding batch, a scoring call or an adapter change: one at a time."""
+        self._batcher = Batcher(self._decode, max_batch)
+
+    @property
+    def max_batch(self) -> int:
+        """Most generations decoded together."""
+        return self._batcher.max_batch
 
     @classmethod
-    def tiny(cls, seed: int = 0, *, device: str | torch.device = "cpu") -> CausalLMBackend:
+    def tiny(
+        cls,
+        seed: int = 0,
+        *,
+        device: str | torch.device = "cpu",
+        max_batch: int = DEFAULT_MAX_BATCH,
+    ) -> CausalLMBackend:
         """Return the in-process tiny model (see `nemogym_sdk.serve.tiny`)."""
         from nemogym_sdk.serve.tiny import TINY_MODEL_NAME, build_tiny_model, build_tiny_tokenizer
 
@@ -89,6 +112,7 @@ class CausalLMBackend:
             build_tiny_tokenizer(),
             name_or_path=TINY_MODEL_NAME,
             device=device,
+            max_batch=max_batch,
         )
 
     @classmethod
@@ -98,6 +122,7 @@ class CausalLMBackend:
         *,
         max_model_len: int | None = None,
         device: str | torch.device = "cpu",
+        max_batch: int = DEFAULT_MAX_BATCH,
     ) -> CausalLMBackend:
         """Load a local model directory (weights + tokenizer with a chat template) in fp32 on
         ``device`` (default the CPU)."""
@@ -115,6 +140,7 @@ class CausalLMBackend:
             name_or_path=str(directory),
             max_model_len=max_model_len,
             device=target,
+            max_batch=max_batch,
         )
 
     # ----------------------------------------------------------------- tokens and templates
@@ -207,29 +233,38 @@ class CausalLMBackend:
             )
         return TokenLogprob(
             token_id=token_id,
-            logprob=_finite(float(logprobs_V[token_id])),
+            logprob=finite_logprob(float(logprobs_V[token_id])),
             text=self.token_text(token_id),
-            top=tuple((i, _finite(v), text) for i, v, text in top),
+            top=tuple((i, finite_logprob(v), text) for i, v, text in top),
         )
 
-    def _forward(
+    def forward(
         self,
         model: Any,
-        input_ids_1T: torch.Tensor,
+        input_ids_BT: torch.Tensor,
         keep: int,
         cache: Any = None,
         *,
         use_cache: bool = True,
+        mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
     ) -> Any:
-        kwargs: dict[str, Any] = {"input_ids": input_ids_1T, "use_cache": use_cache}
+        """One forward pass keeping the last ``keep`` positions' logits; ``mask`` and
+        ``positions`` (attention mask and position ids) for a left-padded batch."""
+        kwargs: dict[str, Any] = {"input_ids": input_ids_BT, "use_cache": use_cache}
         if cache is not None:
             kwargs[self._cache_kwarg] = cache
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = keep
+        if mask is not None and not bool(mask.all()):  # no mask: the unpadded computation
+            kwargs["attention_mask"] = mask
+        if positions is not None:
+            kwargs["position_ids"] = positions
         return model(**kwargs)
 
     @staticmethod
-    def _cache_of(out: Any) -> Any:
+    def cache_of(out: Any) -> Any:
+        """The KV cache a forward pass returned."""
         cache = getattr(out, "cache", None)  # transformers >= 5.2x
         return cache if cache is not None else getattr(out, "past_key_values", None)
 
@@ -246,40 +281,25 @@ class CausalLMBackend:
         """Generate until EOS, a stop string/token, or ``params.max_tokens`` (KV-cached).
 
         Each token's logprob follows ``logprobs_mode`` (raw, or of the processed distribution).
+        Calls from several threads at once are decoded together.
         """
         budget = self.check_prompt(prompt_ids, params.max_tokens)
-        generator = torch.Generator(device=self.device).manual_seed(seed)
-        stop_ids = set(params.stop_token_ids)
-        tokens: list[TokenLogprob] = []
-        with self._active(adapter) as model, torch.inference_mode():
-            prompt_1T = torch.tensor([list(prompt_ids)], device=self.device)
-            out = self._forward(model, prompt_1T, keep=1)
-            for step in range(budget):
-                logits_V = out.logits[0, -1].float()
-                processed_V = _process(logits_V, params)
-                token = _pick(processed_V, params, generator)
-                reported_V = processed_V if logprobs_mode == "processed_logprobs" else logits_V
-                logprobs_V = torch.log_softmax(reported_V, dim=-1)
-                tokens.append(self._entry(token, logprobs_V, top_logprobs))
-                if token in self.eos_token_ids and not params.ignore_eos:
-                    return Generation(tokens=tuple(tokens), finish_reason="stop")
-                if token in stop_ids:
-                    return Generation(tokens=tuple(tokens), finish_reason="stop", stop_reason=token)
-                if params.stop:
-                    text = self.decode([t.token_id for t in tokens])
-                    hits = [(text.find(s), s) for s in params.stop if s in text]
-                    if hits:
-                        at, which = min(hits)
-                        return Generation(
-                            tokens=tuple(tokens),
-                            finish_reason="stop",
-                            stop_reason=which,
-                            text_end=at,
-                        )
-                if step + 1 < budget:
-                    next_1T = torch.tensor([[token]], device=self.device)
-                    out = self._forward(model, next_1T, keep=1, cache=self._cache_of(out))
-        return Generation(tokens=tuple(tokens), finish_reason="length")
+        if budget == 0:
+            return Generation(tokens=(), finish_reason="length")
+        job = SampleJob(
+            prompt_ids=tuple(prompt_ids),
+            params=params,
+            seed=seed,
+            adapter=adapter,
+            top_logprobs=top_logprobs,
+            logprobs_mode=logprobs_mode,
+            budget=budget,
+        )
+        return self._batcher.run(job)
+
+    def _decode(self, jobs: list[SampleJob], finish: Finish) -> None:
+        with self._model_lock, self._active(jobs[0].adapter) as model, torch.inference_mode():
+            decode_batch(self, model, jobs, finish)
 
     def score(
         self,
@@ -299,9 +319,9 @@ class CausalLMBackend:
         if not forced_ids:
             return []
         full = [*prompt_ids, *forced_ids]
-        with self._active(adapter) as model, torch.inference_mode():
+        with self._model_lock, self._active(adapter) as model, torch.inference_mode():
             input_1T = torch.tensor([full[:-1]], device=self.device)
-            out = self._forward(model, input_1T, keep=len(forced_ids), use_cache=False)
+            out = self.forward(model, input_1T, keep=len(forced_ids), use_cache=False)
             logits_TV = out.logits[0, -len(forced_ids) :].float()
             if logprobs_mode == "processed_logprobs" and params is not None:
                 logits_TV = _process(logits_TV, params)
@@ -328,27 +348,16 @@ class CausalLMBackend:
 
     def load_adapter(self, name: str, path: str, *, replace: bool = False) -> None:
         """Load a PEFT LoRA adapter directory under ``name`` (``replace`` reloads in place)."""
-        self.lora.load(name, path, replace=replace)
+        with self._model_lock:
+            self.lora.load(name, path, replace=replace)
 
     def unload_adapter(self, name: str) -> None:
         """Remove the adapter ``name``; the base model is untouched."""
-        self.lora.unload(name)
+        with self._model_lock:
+            self.lora.unload(name)
 
 
 def _process(logits_NV: torch.Tensor, params: RequestSampling) -> torch.Tensor:
     return process_logits(
         logits_NV, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p
     )
-
-
-def _pick(processed_V: torch.Tensor, params: RequestSampling, generator: torch.Generator) -> int:
-    """Choose the next token: greedy at temperature 0, else a draw from the processed logits."""
-    if is_greedy(params.temperature):
-        return int(torch.argmax(processed_V))
-    probs_V = torch.softmax(processed_V, dim=-1)
-    return int(torch.multinomial(probs_V, 1, generator=generator))
-
-
-def _finite(logprob: float) -> float:
-    """A logprob JSON can carry: ``-inf`` (outside the sampling support) becomes -9999.0."""
-    return logprob if logprob > MASKED_LOGPROB else MASKED_LOGPROB

@@ -20,6 +20,7 @@ __all__ = [
     "LOGPROBS_MODES",
     "MASKED_LOGPROB",
     "Generation",
+    "finite_logprob",
     "LogprobsMode",
     "ModelBackend",
 ]
@@ -30,6 +31,11 @@ LOGPROBS_MODES: tuple[LogprobsMode, ...] = ("raw_logprobs", "processed_logprobs"
 
 MASKED_LOGPROB = -9999.0
 """How a ``-inf`` logprob (a token outside the top-k/top-p support) is reported, as in vLLM."""
+
+
+def finite_logprob(logprob: float) -> float:
+    """A logprob JSON can carry: ``-inf`` (outside the sampling support) becomes -9999.0."""
+    return logprob if logprob > MASKED_LOGPROB else MASKED_LOGPROB
 
 
 @attrs.frozen(kw_only=True)

@@ -47,6 +47,7 @@ class ChatTemplate:
         primary = tokenizer.eos_token_id
         self.eos_token_id: int = primary if isinstance(primary, int) else min(self.eos_token_ids)
         """The tokenizer's own EOS (what a scripted turn ends with)."""
+        self._token_texts: dict[int, str] = {}
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> ChatTemplate:
@@ -75,7 +76,11 @@ class ChatTemplate:
 
     def token_text(self, token_id: int) -> str:
         """Return one token decoded on its own (special tokens spelled out)."""
-        return str(self.tokenizer.decode([token_id], skip_special_tokens=False))
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = str(self.tokenizer.decode([token_id], skip_special_tokens=False))
+            self._token_texts[token_id] = text
+        return text
 
     def render(
         self,

@@ -277,7 +277,7 @@ def test_health_stays_responsive_during_a_long_generation(sample_server: Any) ->
     assert done["result"]["choices"][0]["finish_reason"] == "length"
 
 
-def test_concurrent_requests_are_serialized_and_all_answered(sample_server: Any) -> None:
+def test_concurrent_requests_are_batched_and_all_answered(sample_server: Any) -> None:
     """Eight concurrent seeded requests all succeed and match their sequential answers."""
     bodies = [
         {"messages": START, "max_tokens": 8, "seed": s, "return_token_ids": True} for s in range(8)
