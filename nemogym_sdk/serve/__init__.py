@@ -4,6 +4,8 @@ A transformers causal LM (by default a tiny model built in process) behind vLLM'
 (``/v1/chat/completions``, ``/tokenize``, ``/v1/models``, ``/v1/load_lora_adapter``,
 ``/v1/unload_lora_adapter``, ``/health``), returning token ids and logprobs, applying the on-policy
 prefix splice so multi-turn token histories stay exact, and serving LoRA adapters by name.
+Generations asked for at once are decoded as one batch, one forward pass per token for all of
+them (``--max-num-seqs`` caps a batch, as in vLLM), each with its own seed and parameters.
 
 Needs the ``[serve]`` extra (torch, transformers, tokenizers, peft). Nothing here is imported by
 ``import nemogym_sdk``; the names below load their module on first use.

@@ -1,7 +1,8 @@
 """Request handling behind the HTTP routes: model routing, the two generation modes, LoRA.
 
 `ServeEngine` turns a parsed JSON body into the JSON answer. Its methods are synchronous and
-touch the model; the HTTP layer calls them one at a time on a worker thread.
+touch the model; the HTTP layer calls them on worker threads: in ``sample`` mode many at once
+(the backend decodes concurrent generations as one batch), in ``scripted`` mode one at a time.
 
 Modes:
 
@@ -17,7 +18,7 @@ Logprobs follow ``logprobs_mode`` like vLLM's ``--logprobs-mode``: ``raw_logprob
 ``processed_logprobs`` (after temperature, top-k and top-p; see `nemogym_sdk.logits`).
 
 Backends: `CausalLMBackend` (transformers, in process; both modes; `chat`, called on the HTTP
-layer's worker thread) or `VllmBackend` (a vLLM server; ``sample`` mode only; `chat_async`,
+layer's worker threads) or `VllmBackend` (a vLLM server; ``sample`` mode only; `chat_async`,
 concurrent). Prompts are rendered and spliced here with the backend's tokenizer either way.
 """
 
