@@ -98,6 +98,7 @@ HEAVY_AT_IMPORT = frozenset(
         "nemogym_sdk.adapters.axolotl.producer",
         "nemogym_sdk.adapters.torch",
         "nemogym_sdk.adapters.torch._dist",
+        "nemogym_sdk.adapters.torch.head",
         "nemogym_sdk.adapters.torch.logprobs",
         "nemogym_sdk.adapters.torch.sharding",
         "nemogym_sdk.adapters.torch.losses",

@@ -6,6 +6,8 @@ three ways: the attention mask hides pad tokens, position ids count only real to
 left-padded prompt gets the same positions as an unpadded one), and logprobs at padded
 completion positions are 0.0. Rows are processed ``chunk_size`` at a time, each chunk cut to
 its own longest prompt and completion, which bounds memory and wastes no compute on padding.
+Completions longer than ``head_chunk`` tokens go through the LM head ``head_chunk`` positions
+at a time (`nemogym_sdk.adapters.torch.head`), so no ``[B, T, V]`` logits tensor is made.
 
 The logit for completion token ``t`` sits at input position ``P - 1 + t``; with
 ``logits_to_keep`` (transformers' causal LMs) only those ``T + 1`` positions reach the LM head.
@@ -21,14 +23,16 @@ from typing import Any
 
 import torch
 
+from nemogym_sdk.adapters.torch.head import chunked_logprobs, picked_logprobs, split_head
 from nemogym_sdk.errors import ConfigError
-from nemogym_sdk.logits import process_logits
 from nemogym_sdk.policy import SamplingParams
 from nemogym_sdk.records import Batch
 
 __all__ = ["completion_logprobs", "learner_processing", "model_device", "token_logprobs"]
 
 _INPUT_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
+HEAD_CHUNK = 1024
+"""Completion positions per pass through the LM head (the logits of one pass: ``[B, 1024, V]``)."""
 
 
 def learner_processing(sampling: SamplingParams | None) -> tuple[float, float]:
@@ -60,6 +64,7 @@ def token_logprobs(
     sampling: SamplingParams | None = None,
     chunk_size: int | None = 8,
     device: str | torch.device | None = None,
+    head_chunk: int | None = HEAD_CHUNK,
 ) -> torch.Tensor:
     """The model's logprob of each completion token, ``[B, T]`` float32 (0.0 on padding).
 
@@ -73,6 +78,9 @@ def token_logprobs(
             log-softmax); see `learner_processing`.
         chunk_size: rows per forward pass (None: all rows at once).
         device: where to run; defaults to the model's device.
+        head_chunk: completion positions per pass through the LM head, for a model whose
+            head can be split off (`nemogym_sdk.adapters.torch.head.split_head`); None:
+            the whole completion's logits at once.
 
     Gradients flow when called outside ``torch.no_grad()``. The logits are cast to float32
     before the processing and the log-softmax, whatever the model's dtype.
@@ -90,6 +98,7 @@ def token_logprobs(
             *(tensors[key][start : start + step] for key in _INPUT_KEYS),
             temperature=temperature,
             top_p=top_p,
+            head_chunk=head_chunk,
         )
         for start in range(0, rows, step)
     ]
@@ -105,9 +114,12 @@ def completion_logprobs(
     *,
     temperature: float = 1.0,
     top_p: float = 1.0,
+    head_chunk: int | None = HEAD_CHUNK,
 ) -> torch.Tensor:
     """One forward pass over a few rows; returns ``[B, T]`` (see `token_logprobs`; the
     processing numbers come from `learner_processing`)."""
+    if head_chunk is not None and head_chunk < 1:
+        raise ConfigError(f"head_chunk must be >= 1, got {head_chunk}")
     B, P = prompt_ids_BP.shape
     T = completion_ids_BT.shape[1]
     # Cut the chunk to its own longest prompt (left-padded) and completion (right-padded).
@@ -131,13 +143,20 @@ def completion_logprobs(
         "position_ids": positions_BL,
         "use_cache": False,
     }
-    if _accepts_logits_to_keep(model):
-        kwargs["logits_to_keep"] = t_real + 1
-    logits = model(**kwargs).logits
-    logits_BtV = logits[:, -(t_real + 1) : -1].float()  # position P-1+t predicts token t
-    logits_BtV = process_logits(logits_BtV, temperature=temperature, top_p=top_p)
-    picked_Bt = logits_BtV.gather(-1, completion_ids_Bt.unsqueeze(-1)).squeeze(-1)
-    logprobs_Bt = picked_Bt - torch.logsumexp(logits_BtV, dim=-1)
+    processing = {"temperature": temperature, "top_p": top_p}
+    split = split_head(model) if head_chunk is not None and t_real > head_chunk else None
+    if split is not None:
+        decoder, head = split
+        hidden_BLH = decoder(**kwargs)[0]
+        hidden_BtH = hidden_BLH[:, -(t_real + 1) : -1]  # position P-1+t predicts token t
+        logprobs_Bt = chunked_logprobs(
+            head, hidden_BtH, completion_ids_Bt, chunk=head_chunk or t_real, **processing
+        )
+    else:
+        if _accepts_logits_to_keep(model):
+            kwargs["logits_to_keep"] = t_real + 1
+        logits_BtV = model(**kwargs).logits[:, -(t_real + 1) : -1]
+        logprobs_Bt = picked_logprobs(logits_BtV, completion_ids_Bt, **processing)
     # where(), not a product: a padded position may hold -inf or NaN, and 0 * nan is nan.
     logprobs_Bt = torch.where(completion_mask_Bt, logprobs_Bt, torch.zeros_like(logprobs_Bt))
     if t_real == T:
