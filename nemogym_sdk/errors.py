@@ -73,19 +73,23 @@ __all__ = [
 
 
 DOCS_URL = "https://nemogym-sdk.github.io/nemogym_sdk/"
-"""The documentation site (``site_url`` in ``mkdocs.yml``)."""
+"""The documentation site (``site_url`` in ``mkdocs.yml``). Until it is published, every page
+is also in the source (a checkout, the sdist) as ``docs/<page>.md``; the package is installed
+from one today, so an error's note names both."""
 
 
 class NemoGymError(Exception):
     """Root of every error raised by nemogym_sdk.
 
     Each instance gets a note (``__notes__``, shown under the message in a traceback):
-    ``See <its troubleshooting entry>``.
+    ``See <its troubleshooting entry> (offline: docs/troubleshooting.md in the source)``.
     """
 
     def __init__(self, *args: object) -> None:
         super().__init__(*args)
-        self.add_note(f"See {self.troubleshooting_url()}")
+        self.add_note(
+            f"See {self.troubleshooting_url()} (offline: docs/troubleshooting.md in the source)"
+        )
 
     @classmethod
     def troubleshooting_url(cls) -> str:

@@ -89,7 +89,9 @@ _INCLUDE = re.compile(r"(?P<path>[^:]+)(?::(?P<section>[a-z][-_0-9a-z]*))?")
 _SECTION = re.compile(r"-{1,}8<-{1,}[ \t]+\[[ \t]*(?P<end>start|end)[ \t]*:[ \t]*(?P<name>[-\w]+)")
 _PYTHON = re.compile(r"^(?:.*/)?python(?:3(?:\.\d+)?)?$")
 _PIP = re.compile(r"^(?:.*/)?pip3?$")
-_EXTRAS = re.compile(r"^(?:nemogym-sdk|nemogym_sdk|\.|\./)\[(?P<extras>[\w,\s-]+)\]$")
+_EXTRAS = re.compile(r"^(?P<source>\.|\./|dist/[^\[\s]+\.whl)\[(?P<extras>[\w,\s-]+)\]$")
+_FROM_AN_INDEX = re.compile(r"^nemogym[-_]sdk(?:\[.*\])?(?:[=<>~!].*)?$")
+_WHEEL = re.compile(r"^dist/nemogym_sdk-(?P<version>[^-]+)-py3-none-any\.whl$")
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
@@ -361,17 +363,40 @@ def check_module(module: str, args: list[str]) -> str | None:
 
 
 def check_pip(args: list[str]) -> str | None:
-    """``pip install ...``: every extra of the SDK it names exists in pyproject.toml."""
+    """``pip install ...``: the SDK from a source that exists (a checkout, or the wheel
+    ``make dist`` builds, of this version; it is on no package index yet), with extras
+    that pyproject.toml defines."""
     if not args or args[0] != "install":
         return None if args and args[0] in ("uninstall", "list", "show") else "pip: not install"
     known = extras()
     for arg in args[1:]:
+        if _FROM_AN_INDEX.match(arg):
+            return (
+                f"pip install {arg}: nemogym-sdk is on no package index yet; install it from "
+                "a checkout ('.[extra]') or the wheel `make dist` builds"
+            )
         match = _EXTRAS.match(arg)
-        if match:
-            unknown = {e.strip() for e in match["extras"].split(",")} - known
-            if unknown:
-                return f"pip install {arg}: no extra {sorted(unknown)} in pyproject.toml"
+        if match is None:
+            continue
+        wheel = _WHEEL.match(match["source"])
+        if match["source"].startswith("dist/") and (
+            wheel is None or wheel["version"] != project_version()
+        ):
+            return f"pip install {arg}: `make dist` builds dist/{wheel_name()}"
+        unknown = {e.strip() for e in match["extras"].split(",")} - known
+        if unknown:
+            return f"pip install {arg}: no extra {sorted(unknown)} in pyproject.toml"
     return None
+
+
+def project_version() -> str:
+    import nemogym_sdk
+
+    return nemogym_sdk.__version__
+
+
+def wheel_name() -> str:
+    return f"nemogym_sdk-{project_version()}-py3-none-any.whl"
 
 
 def check_python(args: list[str]) -> str | None:

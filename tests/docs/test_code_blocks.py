@@ -58,6 +58,7 @@ from tests.docs.blocks import (
     run_script,
     split_commands,
     split_include,
+    wheel_name,
 )
 
 BLOCKS = all_blocks()
@@ -165,3 +166,41 @@ def test_example_file(path: Path, tmp_path: Path) -> None:
     """Each file of ``examples/docs/`` that starts no NeMo Gym server, as a script."""
     done = run_script(path, tmp_path, timeout=TIMEOUT_S)
     assert done.returncode == 0, f"{path.relative_to(REPO)} failed:\n{done.stderr[-3000:]}"
+
+
+@pytest.mark.parametrize(
+    ("command", "why"),
+    [
+        ("pip install nemogym-sdk[train]", "on no package index yet"),
+        ("pip install nemogym_sdk==0.1.0", "on no package index yet"),
+        ("pip install dist/nemogym_sdk-0.0.1-py3-none-any.whl[train]", "`make dist` builds"),
+        ("pip install .[nope]", "no extra ['nope']"),
+        ("pip install -e .[train,trl]", None),
+        (f"pip install dist/{wheel_name()}[train]", None),
+        ("pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu", None),
+    ],
+)
+def test_an_install_command_must_be_one_the_project_can_satisfy(
+    command: str, why: str | None
+) -> None:
+    """The check behind the shell blocks' pip commands: the SDK from a checkout or this
+    version's wheel, with extras that exist; never from an index it is not on."""
+    problem = check_command(command.split())
+    assert (problem is None) if why is None else (problem is not None and why in problem)
+
+
+CODE_LINE_LIMIT = 110
+"""Characters of a code line that fit a code block at 1280 px (docs/stylesheets/extra.css)."""
+
+
+def test_code_lines_fit_the_page_at_1280_px() -> None:
+    """No line of a code block (output and diagrams aside: ``text`` blocks wrap) is longer
+    than what the site's CSS fits at 1280 px, so no block scrolls sideways there."""
+    long = [
+        f"{block.where} +{number}: {len(line)} characters"
+        for block in BLOCKS
+        if block.language != "text"
+        for number, line in enumerate(block.expanded().splitlines())
+        if len(line) > CODE_LINE_LIMIT
+    ]
+    assert not long, "\n".join(long)

@@ -21,6 +21,7 @@ from types import ModuleType
 import pytest
 import yaml
 
+import nemogym_sdk
 from nemogym_sdk.errors import DOCS_URL, ConfigError, NemoGymError
 from tests.docs.blocks import DOCS, REPO
 from tests.test_error_tree import package_errors
@@ -130,7 +131,26 @@ def test_every_error_has_a_troubleshooting_entry(site: Path) -> None:
 def test_an_error_points_to_its_entry_without_changing_its_message() -> None:
     error = ConfigError("backend must be one of transformers, vllm, got 'x'")
     assert str(error) == "backend must be one of transformers, vllm, got 'x'"
-    assert error.__notes__ == [f"See {DOCS_URL}troubleshooting/#configerror"]
+    offline = "(offline: docs/troubleshooting.md in the source)"
+    assert error.__notes__ == [f"See {DOCS_URL}troubleshooting/#configerror {offline}"]
+
+
+_EMITTED_LINK = re.compile(r"\{DOCS_URL\}(?P<path>[\w/-]*)")
+
+
+def test_every_docs_link_the_package_emits_is_a_page_the_build_produces(site: Path) -> None:
+    """Each ``{DOCS_URL}<path>`` written in the package names a page of the built site, and
+    the troubleshooting page's source is where an error's offline pointer says it is."""
+    emitted = {
+        match["path"].strip("/")
+        for source in sorted((REPO / "nemogym_sdk").rglob("*.py"))
+        for match in _EMITTED_LINK.finditer(source.read_text())
+    }
+    assert {"troubleshooting", "install", "reference/train-config"} <= emitted, emitted
+    for path in emitted:
+        assert (site / path / "index.html").is_file(), f"{DOCS_URL}{path}/ is not built"
+    assert "docs/troubleshooting.md" in ConfigError("x").__notes__[0]
+    assert (DOCS / "troubleshooting.md").is_file()
 
 
 def test_the_docs_url_is_the_sites() -> None:
@@ -211,3 +231,26 @@ def test_mkdocs_yml_is_valid_yaml_with_the_snippet_base_at_the_root() -> None:
         if isinstance(e, dict) and "pymdownx.snippets" in e
     )
     assert snippets["check_paths"] is True and snippets["base_path"] == ["."]
+
+
+def test_the_core_page_leads_with_what_a_user_starts_from(site: Path) -> None:
+    """The core API page opens with the classes a trainer starts from, in that order, and
+    ends with the errors and the version; no module internals (``__getattr__``) show."""
+    html = (site / "reference" / "core" / "index.html").read_text()
+    documented = [
+        name
+        for name in re.findall(r'\bid="nemogym_sdk\.(?:collate\.)?([\w]+)"', html)
+        if name in nemogym_sdk.__all__
+    ]
+    documented = list(dict.fromkeys(documented))
+    assert documented[:2] == ["AgentClient", "TaskRow"], documented[:6]
+    for first, later in [
+        ("AgentClient", "Rollout"),
+        ("Rollout", "Batch"),
+        ("Batch", "ConfigError"),
+    ]:
+        assert documented.index(first) < documented.index(later), documented
+    assert documented.index("LoraSync") < documented.index("NemoGymError")
+    assert documented[-1] == "__version__"
+    assert sorted(documented) == sorted(nemogym_sdk.__all__)
+    assert 'id="nemogym_sdk.__getattr__"' not in html

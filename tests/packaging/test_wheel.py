@@ -34,6 +34,7 @@ import attrs
 import pytest
 
 import nemogym_sdk
+from nemogym_sdk.errors import DOCS_URL
 from nemogym_sdk.gym import find_uv
 
 REPO = Path(__file__).resolve().parents[2]
@@ -223,12 +224,14 @@ def test_wheel_holds_the_package_its_data_and_the_license(dist: Dist) -> None:
 
 @pytest.mark.slow
 def test_sdist_holds_what_a_rebuild_and_a_reader_need(dist: Dist) -> None:
-    """pyproject.toml, README.md, LICENSE, CHANGELOG.md and the package; no tests."""
+    """pyproject.toml, README.md, LICENSE, CHANGELOG.md, the docs' pages (an error's note
+    points at docs/troubleshooting.md) and the package; no tests."""
     with tarfile.open(dist.sdist) as archive:
         top = f"{DIST_NAME}-{nemogym_sdk.__version__}/"
         names = {member.name.removeprefix(top) for member in archive.getmembers()}
     assert {"pyproject.toml", "README.md", "LICENSE", "CHANGELOG.md", "PKG-INFO"} <= names
     assert f"{DIST_NAME}/gym/envs/target_chars/data/train.jsonl" in names
+    assert {"docs/troubleshooting.md", "docs/install.md"} <= names
     assert not any(name.startswith(("tests/", "benchmarks/")) for name in names)
 
 
@@ -295,6 +298,31 @@ def _check_bare(bin_dir: Path, cwd: Path) -> None:
     code = "import nemogym_sdk.adapters.torch"
     done = _run([str(bin_dir / "python"), "-c", code], cwd=cwd)
     assert done.returncode == 1 and "pip install 'nemogym-sdk[torch]'" in done.stderr
+    _check_no_gym_venv(bin_dir, cwd)
+
+
+def _install_page_recipe() -> list[str]:
+    """The commands docs/install.md gives a pip user for NeMo Gym's venv."""
+    page = (REPO / "docs" / "install.md").read_text()
+    after = page.split("After `pip install nemogym-sdk`", 1)[1]
+    block = after.split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def _check_no_gym_venv(bin_dir: Path, cwd: Path) -> None:
+    """Without NeMo Gym's venv, the first error gives the install page's recipe (anywhere,
+    then the variable) and links that page, not a path inside site-packages."""
+    code = "from nemogym_sdk.gym.locate import find_gym_venv; find_gym_venv()"
+    env = {k: v for k, v in os.environ.items() if k not in ("NEMOGYM_GYM_VENV", "PYTHONPATH")}
+    done = subprocess.run(
+        [str(bin_dir / "python"), "-c", code], cwd=cwd, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 1 and "GymVenvNotFoundError" in done.stderr, done.stderr
+    recipe = _install_page_recipe()
+    assert len(recipe) == 3, recipe
+    for command in recipe:
+        assert command in done.stderr, (command, done.stderr)
+    assert f"{DOCS_URL}install/" in done.stderr
 
 
 @pytest.mark.slow
