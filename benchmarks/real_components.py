@@ -27,7 +27,8 @@ COMPONENTS: dict[str, re.Pattern[str]] = {
     "TRL GRPOTrainer": re.compile(r"GRPOTrainer"),
     "axolotl": re.compile(r"axolotl_venv|\.venv-axolotl|AXOLOTL_VENV"),
     "trackers": re.compile(r"--report-to|read_wandb|read_mlflow|read_tensorboard"),
-    "wheel": re.compile(r"python\W+-m\W+build|bdist_wheel|build_wheel|\.whl"),
+    # Building the wheel, not naming one: a test of the docs' pip commands spells `.whl`.
+    "wheel": re.compile(r"python\W+-m\W+build|bdist_wheel|build_wheel"),
 }
 
 
