@@ -8,9 +8,12 @@ PIP := $(PY) -m pip
 # build; the CPU index's 2.13.0+cpu wins the pin). A GPU machine: `make install
 # TORCH_INDEX=https://download.pytorch.org/whl/cu128`; a mirror or wheel directory
 # that already has the CPU build: `TORCH_INDEX=` (pip then looks only where it is told).
+# torch alone comes from there (--no-deps: pip asks that index for torch only, so one that
+# cannot be reached costs one lookup, not one per dependency); its dependencies come next,
+# from pip's own indexes.
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
-TORCH_FROM := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+TORCH_FROM := --no-deps $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 EXTRAS ?= dev,serve,trl,train,testing,docs,trackers
 # Real NeMo Gym (nemo-gym 0.7.0) needs Python 3.13 and lives in its own venv.
 GYM_VENV := .venv-gym
@@ -33,6 +36,7 @@ $(VENV_STAMP):
 	rm -f $(VENV)/.installed-*
 	$(PIP) install --progress-bar off --upgrade pip
 	$(PIP) install --progress-bar off $(TORCH_FROM) "$(TORCH_SPEC)"
+	$(PIP) install --progress-bar off "$(TORCH_SPEC)"
 	$(PIP) install --progress-bar off -e ".[$(EXTRAS)]"
 	touch $@
 
@@ -97,7 +101,7 @@ $(VLLM_STAMP):
 	echo "$(VLLM_TORCH_PIN)" > $(VLLM_VENV)/constraints.txt
 	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VLLM_VENV)/bin/python -m pip install --quiet $(TORCH_FROM) "$(TORCH_SPEC)" -c $(VLLM_VENV)/constraints.txt
-	$(VLLM_VENV)/bin/python -m pip install --quiet "$(VLLM_SPEC)" peft -c $(VLLM_VENV)/constraints.txt
+	$(VLLM_VENV)/bin/python -m pip install --quiet "$(VLLM_SPEC)" peft "$(TORCH_SPEC)" -c $(VLLM_VENV)/constraints.txt
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton
 	$(VLLM_VENV)/bin/python -c "import torch, vllm.entrypoints.openai.api_server; assert torch.__version__ == '2.13.0+cpu', torch.__version__"
 	touch $@
