@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -165,9 +166,10 @@ def test_nemo_gyms_own_launcher_starts_the_environments(gym_venv: object, tmp_pa
 def test_config_errors_say_how_to_fix_them(
     gym_venv: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Unknown environment, unreachable backend, a context too small: exit 2 with the fix,
-    before any server started (no sampler log, no NeMo Gym directory). ``main`` runs in this
-    process (the command line's own path, ``python -m``, is every other test's)."""
+    """Unknown environment, unreachable backend, a context too small, a head server without
+    training rows: exit 2 with the fix, before any server started or was waited for (no
+    sampler log, no NeMo Gym directory). ``main`` runs in this process (the command line's
+    own path, ``python -m``, is every other test's)."""
     from nemogym_sdk.train import main
 
     out = tmp_path / "run"
@@ -181,4 +183,7 @@ def test_config_errors_say_how_to_fix_them(
     assert "not reachable" in err and "start the sampler" in err
     err = refused("--max-model-len", "40")
     assert "exceeds max_model_len=40" in err and "raise max_model_len" in err
+    began = time.monotonic()  # a head server that is not there is not waited for (60 s)
+    err = refused("--head-url", "http://127.0.0.1:9")
+    assert "head_url needs train_file" in err and time.monotonic() - began < 30
     assert not (out / "logs" / "serve.log").exists() and not (out / "gym").exists()
