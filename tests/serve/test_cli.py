@@ -140,3 +140,20 @@ def test_cli_serves_a_model_directory_and_exits_cleanly_on_sigterm(tmp_path: Pat
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=30)  # drain and close the pipes
+
+
+def test_max_num_seqs_takes_a_positive_count_for_the_transformers_backend(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--max-num-seqs`` caps a batch (default: the backend's 64); 0 is refused by the
+    parser, and with ``--backend vllm`` it is a config error (vLLM takes its own)."""
+    from nemogym_sdk.serve.backend import DEFAULT_MAX_BATCH
+
+    assert build_parser().parse_args(["--max-num-seqs", "8"]).max_num_seqs == 8
+    assert DEFAULT_MAX_BATCH == 64 and "default 64" in build_parser().format_help()
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--max-num-seqs", "0"])
+    assert "at least 1, got '0'" in capsys.readouterr().err
+    argv = ["--backend", "vllm", "--vllm-url", "http://127.0.0.1:9/v1", "--model", "m"]
+    assert main([*argv, "--max-num-seqs", "4"]) == 2
+    assert "--max-num-seqs is for --backend transformers" in capsys.readouterr().err
