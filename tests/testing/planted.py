@@ -40,7 +40,11 @@ class Bug:
 
 
 BUGS: dict[str, Bug] = {
-    "drops_env_tokens": Bug(does="loses the tool output between turns", caught_by=("stitching",)),
+    "drops_env_tokens": Bug(
+        does="loses the tool output between turns",
+        caught_by=("stitching",),
+        also=("env_tokens_not_trained",),  # later turns shift onto the lost tokens' places
+    ),
     "trains_env_tokens": Bug(
         does="marks the tool output as policy tokens", caught_by=("env_tokens_not_trained",)
     ),
