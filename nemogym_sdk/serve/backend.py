@@ -223,7 +223,11 @@ class CausalLMBackend:
 
     # ----------------------------------------------------------------- generation
 
-    def _entry(self, token_id: int, logprobs_V: torch.Tensor, top_k: int) -> TokenLogprob:
+    def entry(
+        self, token_id: int, logprobs_V: torch.Tensor, top_k: int, logprob: float | None = None
+    ) -> TokenLogprob:
+        """One position's report: the token, its logprob (``logprob`` when the caller has it
+        already, else read from ``logprobs_V``) and the ``top_k`` most likely alternatives."""
         top: tuple[tuple[int, float, str], ...] = ()
         if top_k > 0:
             values, indices = torch.topk(logprobs_V, k=min(top_k, logprobs_V.shape[-1]))
@@ -233,7 +237,7 @@ class CausalLMBackend:
             )
         return TokenLogprob(
             token_id=token_id,
-            logprob=finite_logprob(float(logprobs_V[token_id])),
+            logprob=finite_logprob(float(logprobs_V[token_id]) if logprob is None else logprob),
             text=self.token_text(token_id),
             top=tuple((i, finite_logprob(v), text) for i, v, text in top),
         )
@@ -327,7 +331,7 @@ class CausalLMBackend:
                 logits_TV = _process(logits_TV, params)
             logprobs_TV = torch.log_softmax(logits_TV, dim=-1)
         return [
-            self._entry(token, logprobs_TV[pos], top_logprobs)
+            self.entry(token, logprobs_TV[pos], top_logprobs)
             for pos, token in enumerate(forced_ids)
         ]
 

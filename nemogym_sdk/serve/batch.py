@@ -27,7 +27,7 @@ require_serve_deps()
 import torch  # noqa: E402
 
 from nemogym_sdk.logits import is_greedy, process_logits  # noqa: E402
-from nemogym_sdk.serve.interface import Generation, LogprobsMode, finite_logprob  # noqa: E402
+from nemogym_sdk.serve.interface import Generation, LogprobsMode  # noqa: E402
 from nemogym_sdk.serve.protocol import RequestSampling, TokenLogprob  # noqa: E402
 
 if TYPE_CHECKING:
@@ -195,28 +195,12 @@ def _draw(
         if jobs[0].logprobs_mode == "processed_logprobs":  # one mode per batch
             reported_BV[index] = torch.log_softmax(processed_NV, dim=-1)
     picked = reported_BV.gather(1, torch.tensor(chosen, device=logits_BV.device)[:, None])
-    entries = []
-    for row, (job, token, logprob) in enumerate(
-        zip(jobs, chosen, picked[:, 0].tolist(), strict=True)
-    ):
-        top: tuple[tuple[int, float, str], ...] = ()
-        if job.top_logprobs > 0:
-            values, indices = torch.topk(
-                reported_BV[row], k=min(job.top_logprobs, reported_BV.shape[-1])
-            )
-            top = tuple(
-                (int(i), finite_logprob(float(v)), backend.token_text(int(i)))
-                for v, i in zip(values.tolist(), indices.tolist(), strict=True)
-            )
-        entries.append(
-            TokenLogprob(
-                token_id=token,
-                logprob=finite_logprob(logprob),
-                text=backend.token_text(token),
-                top=top,
-            )
+    return [
+        backend.entry(token, reported_BV[row], job.top_logprobs, logprob=logprob)
+        for row, (job, token, logprob) in enumerate(
+            zip(jobs, chosen, picked[:, 0].tolist(), strict=True)
         )
-    return entries
+    ]
 
 
 def _by_sampling(jobs: Sequence[SampleJob]) -> dict[RequestSampling, list[int]]:
