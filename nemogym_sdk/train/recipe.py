@@ -19,7 +19,9 @@ Top to bottom:
     2. model         the base model + a LoRA adapter (peft), tokenizer, on ``device``; after
                      version 0 is published, sharded with FSDP2 (``fsdp``) and its optimizer
     3. sampler       start the backend (transformers or vLLM, one or several replicas behind
-                     vllm-router), or attach (nemogym_sdk.train.sampler)
+                     vllm-router), or attach (nemogym_sdk.train.sampler); its /tokenize
+                     must render a probe conversation as the learner's tokenizer does
+                     (nemogym_sdk.samplers.probe)
     4. environments  start NeMo Gym (GymStack, or NeMo Gym's own launcher), or attach to one
                      or several deployments through their head servers
     5. checks        served name = adapter name, (async) the sampler keeps
@@ -72,6 +74,7 @@ from nemogym_sdk.errors import ConfigError, LoraSyncError, NemoGymError
 from nemogym_sdk.hosts import openai_url
 from nemogym_sdk.lora import LoraSync
 from nemogym_sdk.metrics import RolloutStats
+from nemogym_sdk.samplers.probe import check_tokenization
 from nemogym_sdk.train.checkpoints import (
     latest,
     load_adapter_checkpoint,
@@ -174,17 +177,24 @@ def environments(config: TrainConfig, base_url: str, out: Path) -> Iterator[list
 
 @contextlib.contextmanager
 def servers(
-    config: TrainConfig, out: Path, device: str, model: PeftModel, first_version: int = 0
+    config: TrainConfig,
+    out: Path,
+    device: str,
+    model: PeftModel,
+    tokenizer: Tokenizer,
+    first_version: int = 0,
 ) -> Iterator[tuple[list[ServerDirectory], LoraSync | None]]:
-    """Rank 0 starts the sampler and the environments and publishes the first adapter
-    version (``first_version``: the steps a resumed run's checkpoint holds, so the versions
-    go on where they were); every rank gets the deployments (the ``LoraSync`` only rank
-    0)."""
+    """Rank 0 starts the sampler, checks that it tokenizes as the learner does
+    (`check_tokenization`), starts the environments and publishes the first adapter version
+    (``first_version``: the steps a resumed run's checkpoint holds, so the versions go on
+    where they were); every rank gets the deployments (the ``LoraSync`` only rank 0)."""
     with contextlib.ExitStack() as started:
         syncs: list[LoraSync] = []
 
         def start() -> list[ServerDirectory]:
             base_url = started.enter_context(sampler(config, out, device))
+            if not check_tokenization(base_url, tokenizer):
+                say(f"the sampler at {base_url} has no /tokenize: its tokenizer is not checked")
             found = started.enter_context(environments(config, base_url, out))
             sync = started.enter_context(
                 LoraSync(
@@ -419,7 +429,7 @@ def run(config: TrainConfig, *, signals: StopSignals | None = None) -> dict[str,
     done = Progress(out=out, steps=start, saved=start)
     leftover: dict[str, Any] = {}
     with (
-        servers(config, out, setup.device, model, start) as (deployments, sync),
+        servers(config, out, setup.device, model, tokenizer, start) as (deployments, sync),
         AgentClient(
             deployments,
             sampling=setup.sampling,

