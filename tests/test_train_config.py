@@ -34,6 +34,8 @@ def test_flags_alone_and_list_values() -> None:
         (["--num-generations", "1"], "num_generations must be >= 2"),
         (["--steps", "ten"], "steps: expected int"),
         (["--model", "/nonexistent/model"], "neither 'tiny' nor a local Hugging Face"),
+        (["--model-family", "qwen4"], r"Unknown model family 'qwen4'; known: qwen2\.5, qwen3"),
+        (["--model-family", "qwen3", "--model", "."], "both name the model to train"),
         (["--config", "/nonexistent.yaml"], "does not exist"),
         (["--device", "gpu"], "device must be one of auto, cpu, cuda or cuda:N"),
         (["--device", "cuda:x"], "device must be one of auto, cpu, cuda or cuda:N"),

@@ -76,6 +76,10 @@ class TrainConfig:
     model: str = "tiny"
     """``tiny`` (the SDK's built-in tiny Llama, built in process) or a local Hugging Face
     model directory."""
+    model_family: str | None = None
+    """Instead of ``model``: a model family's tiny model with a real vocabulary and chat
+    template (``qwen2.5``, ``qwen3``, ``qwen3.5``, ``deepseek-r1``, ``llama3``; weights from
+    ``seed``), built and cached on first use (docs/concepts/families.md)."""
     backend: str = "transformers"
     """Who samples: ``transformers`` (``nemogym_sdk.serve``) or ``vllm`` (real vLLM; CPU
     needs ``make vllm-venv``)."""
@@ -233,6 +237,15 @@ class TrainConfig:
                     f"env_path: {entry} is not a directory; it should hold environment "
                     "directories (<dir>/<name>/configs/<name>.yaml)"
                 )
+        if self.model_family is not None:
+            from nemogym_sdk.serve.families.catalog import family_named
+
+            family_named(self.model_family)  # a ConfigError naming the known families
+            if self.model != "tiny":
+                raise ConfigError(
+                    f"model {self.model!r} and model_family {self.model_family!r} both name the "
+                    "model to train; pass one of them"
+                )
         if self.model != "tiny" and not (Path(self.model) / "config.json").is_file():
             raise ConfigError(
                 f"model {self.model!r} is neither 'tiny' nor a local Hugging Face model "
@@ -287,6 +300,15 @@ class TrainConfig:
         """Whether rollouts go through a router to several sampler replicas (and carry
         their group's affinity key)."""
         return self.replicas > 1 or bool(self.replica_urls) or self.group_affinity
+
+    def model_dir(self) -> str | None:
+        """The directory the learner and the sampler load, ``None`` for the byte-level tiny
+        model (built in process); a ``model_family``'s is built on first use, then cached."""
+        if self.model_family is not None:
+            from nemogym_sdk.serve.families import family_model_dir, family_named
+
+            return str(family_model_dir(family_named(self.model_family), seed=self.seed))
+        return None if self.model == "tiny" else self.model
 
     def _check_async(self) -> None:
         if self.mode == "async" and self.prefetch:

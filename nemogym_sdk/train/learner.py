@@ -64,15 +64,16 @@ def build_policy(config: TrainConfig, device: str = "cpu") -> tuple[PeftModel, T
 
     base: Any
     tokenizer: Tokenizer
-    if config.model == "tiny":
+    path = config.model_dir()
+    if path is None:
         from nemogym_sdk.serve.tiny import build_tiny_model, build_tiny_tokenizer
 
         base, tokenizer = build_tiny_model(config.seed), build_tiny_tokenizer()
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        base = AutoModelForCausalLM.from_pretrained(config.model, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(config.model)
+        base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(path)
     torch.manual_seed(config.seed)  # peft draws LoRA's A from the global RNG: same on all ranks
     lora = LoraConfig(
         r=config.lora_rank,

@@ -49,12 +49,13 @@ def sampler(config: TrainConfig, out: Path, device: str = "cpu") -> Iterator[str
         return
     from nemogym_sdk.samplers import start_serve
 
-    model = None if config.model == "tiny" else config.model
+    model = config.model_dir()
     if config.replicas > 1 or config.router_url is not None:
         yield from _replicated_sampler(config, out, model, device)
         return
     if config.backend == "transformers":
-        say(f"starting the sampler (nemogym_sdk.serve, model {config.model}, on {device})...")
+        name = config.model_family or config.model
+        say(f"starting the sampler (nemogym_sdk.serve, model {name}, on {device})...")
         with start_serve(
             mode="sample",
             logprobs_mode="processed_logprobs",  # the distribution sampled from: what GRPO needs

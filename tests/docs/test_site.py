@@ -41,6 +41,7 @@ REFERENCE_PAGES = {
     "nemogym_sdk.rollout_engine": "rollout-engine",
     "nemogym_sdk.train": "train",
     "nemogym_sdk.serve": "serve",
+    "nemogym_sdk.serve.families": "serve-families",
     "nemogym_sdk.testing": "testing",
     "nemogym_sdk.adapters.torch": "adapters-torch",
     "nemogym_sdk.adapters.trl": "adapters-trl",
