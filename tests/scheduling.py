@@ -2,8 +2,9 @@
 
 Tests of one group run on one worker, in collection order, so a module's module-scoped
 fixtures (its NeMo Gym stacks, its cluster) start once. The group is the test's module,
-except for what must not overlap with itself on a 2-core machine, which shares one group
-and so one worker, one after another:
+except that a test of a ``SPLIT_MODULES`` module is a group of its own, and that what must
+not overlap with itself on a 2-core machine shares one group and so one worker, one after
+another:
 
 - ``heavy``: every test that starts real vLLM (two vLLM servers never run at once; the
   shared session server of ``tests/vllm`` starts after the modules that start their own),
@@ -41,6 +42,9 @@ HEAVY_MODULES = frozenset(
     }
 )
 """Modules in the ``heavy`` group besides every test marked ``vllm`` and ``tests/vllm``."""
+SPLIT_MODULES = frozenset({"tests/serve/test_family_teach.py"})
+"""Modules whose tests are groups of their own: long, independent tests (no module fixture
+to share) that would otherwise run one after another on one worker."""
 
 
 def module_of(nodeid: str) -> str:
@@ -54,6 +58,8 @@ def group_of(nodeid: str) -> str:
     module = module_of(nodeid)
     if module in HEAVY_MODULES or module.startswith("tests/vllm/"):
         return HEAVY
+    if module in SPLIT_MODULES:
+        return nodeid
     return module
 
 

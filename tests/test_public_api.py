@@ -336,6 +336,7 @@ SURFACE: dict[str, set[str]] = {
         "Architecture",
         "Family",
         "SpecialToken",
+        "Teaching",
         "Vocabulary",
         "build_family_model",
         "build_family_tokenizer",
@@ -343,6 +344,7 @@ SURFACE: dict[str, set[str]] = {
         "family_model_dir",
         "family_named",
         "save_family",
+        "taught_model_dir",
     },
     "nemogym_sdk.gym": {
         "BackendProcess",

@@ -32,6 +32,8 @@ def test_a_module_is_a_group_and_what_must_not_overlap_is_one() -> None:
         "tests/gym/test_environments.py::test_g[wordle]",
     ):
         assert group_of(nodeid) == HEAVY, nodeid
+    taught = "tests/serve/test_family_teach.py::test_a_taught_model_writes_its_familys_markup"
+    assert group_of(f"{taught}[qwen3]") != group_of(f"{taught}[llama3]")  # SPLIT_MODULES
 
 
 def test_every_vllm_test_is_in_the_heavy_group() -> None:

@@ -21,6 +21,8 @@ pytestmark = [pytest.mark.gym, pytest.mark.slow]
 
 KEPT = 8
 """Adapter versions the sampler keeps side by side (an episode spans a few publishes)."""
+ROUNDS = 5
+"""Rounds of 6 rows x 4 generations at most."""
 
 
 def test_every_turn_records_the_version_that_served_it(gym_venv: object, tmp_path: Path) -> None:
@@ -53,11 +55,16 @@ def test_every_turn_records_the_version_that_served_it(gym_venv: object, tmp_pat
                 version = sync.sync(model).version
                 published.append((time.monotonic(), version))
 
-        rows = load_rows(stack.train_paths["target_chars"], seed=0)[:6]
+        rows = load_rows(stack.train_paths["target_chars"], seed=0)
         publisher = threading.Thread(target=publish)
         publisher.start()
-        try:
-            raws = client.run_raw_sync(rows, num_generations=4)
+        raws = []
+        try:  # rounds of 6 rows until 2 versions came out while playing (the batched
+            # sampler can play a round in less than one publish interval)
+            for start in range(0, 6 * ROUNDS, 6):
+                raws += client.run_raw_sync(rows[start : start + 6], num_generations=4)
+                if len(published) >= 3:
+                    break
         finally:
             stop.set()
             publisher.join()

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "build_family_model",
+    "build_record",
+    "cached_dir",
     "build_family_tokenizer",
     "cache_root",
     "family_model_dir",
@@ -134,30 +137,42 @@ def cache_root() -> Path:
     return Path(cache_home) / "nemogym_sdk" / "family-models"
 
 
-def _key(family: Family, seed: int) -> str:
-    """What a build depends on: the family record, its template, the ranks, seed, builder."""
+def _key(family: Family, seed: int, extra: tuple[str, ...]) -> str:
+    """What a build depends on: the family record, its template, the ranks, the seed, the
+    builder's version and ``extra`` (what else the caller's build depends on)."""
     digest = hashlib.sha256()
-    for part in (repr(family), family.chat_template, str(seed), str(_BUILDER_VERSION)):
+    parts = (repr(family), family.chat_template, str(seed), str(_BUILDER_VERSION), *extra)
+    for part in parts:
         digest.update(part.encode())
     digest.update(ranks_path(family.vocabulary).read_bytes())
     return digest.hexdigest()[:16]
 
 
-def family_model_dir(family: Family, seed: int = 0, *, root: str | Path | None = None) -> Path:
-    """The cached directory of ``family``'s tiny model at ``seed``, built on first use.
+def cached_dir(
+    family: Family,
+    seed: int,
+    build: Callable[[Path], dict[str, Any]],
+    *,
+    extra_key: tuple[str, ...] = (),
+    root: str | Path | None = None,
+    label: str = "",
+) -> Path:
+    """``<root>/<family>[-label]-seed<seed>-<key>``, made by ``build(directory)`` the first
+    time (its returned record is kept as the completion stamp), then reused.
 
     Concurrent builders (pytest-xdist workers) are safe: each builds in a temporary directory
     and renames it into place; the first rename wins and the others use it.
     """
     base = Path(root) if root is not None else cache_root()
-    target = base / f"{family.name}-seed{seed}-{_key(family, seed)}"
+    name = f"{family.name}-{label}" if label else family.name
+    target = base / f"{name}-seed{seed}-{_key(family, seed, extra_key)}"
     if (target / _DONE).is_file():
         return target
     base.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{family.name}-", dir=base))
+    scratch = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=base))
     try:
-        save_family(scratch, family, seed)
-        (scratch / _DONE).write_text(json.dumps({"family": family.name, "seed": seed}) + "\n")
+        record = {"family": family.name, "seed": seed, **build(scratch)}
+        (scratch / _DONE).write_text(json.dumps(record) + "\n")
         try:
             scratch.rename(target)
         except OSError:  # another builder finished first
@@ -166,3 +181,19 @@ def family_model_dir(family: Family, seed: int = 0, *, root: str | Path | None =
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return target
+
+
+def build_record(directory: str | Path) -> dict[str, Any]:
+    """What the build of a cached directory recorded (``family``, ``seed``, and the rest)."""
+    record: dict[str, Any] = json.loads((Path(directory) / _DONE).read_text())
+    return record
+
+
+def family_model_dir(family: Family, seed: int = 0, *, root: str | Path | None = None) -> Path:
+    """The cached directory of ``family``'s tiny model at ``seed``, built on first use."""
+
+    def build(directory: Path) -> dict[str, Any]:
+        save_family(directory, family, seed)
+        return {}
+
+    return cached_dir(family, seed, build, root=root)
