@@ -101,15 +101,21 @@ def test_trainer_runs_checkpoints_and_resumes(
 def test_prefetch_plays_the_next_step_during_training(
     toy_deployment: ToyDeployment, tmp_path: Path
 ) -> None:
-    """With --prefetch the next step's rollouts sample the adapter one version behind; the run
-    completes and the mismatch it reports is the policy's one-step change (no longer ~1e-5)."""
+    """With --prefetch the next step's rollouts are asked for while this step trains, so they
+    sample the adapter one version behind, unless the publish overtakes them (a loaded
+    machine); each step's mismatch is what its tokens' recorded versions say: ~1e-5 where
+    every token came from the learner's version, the policy's one-step change where some
+    did not."""
     out = tmp_path / "run"
-    train(out, *toy_deployment.flags, *SMALL, "--steps", "3", "--prefetch")
+    train(out, *toy_deployment.flags, *SMALL, "--steps", "4", "--prefetch")
     steps = metrics(out)
-    assert [s["adapter_version"] for s in steps] == [1, 2, 3]
+    assert [s["adapter_version"] for s in steps] == [1, 2, 3, 4]
     assert all(s["failures"] == {} for s in steps)
-    assert steps[0]["mismatch_max"] < MISMATCH_MAX  # step 0 was sampled by version 0 itself
-    assert steps[2]["mismatch_max"] > MISMATCH_MAX  # step 2's rollouts came from version 1
+    assert steps[0]["staleness_max"] == 0  # step 0 was sampled by version 0 itself
+    for step in steps:
+        stale = step["staleness_max"] > 0
+        assert (step["mismatch_max"] > MISMATCH_MAX) is stale, step
+    assert any(s["staleness_max"] == 1 for s in steps[1:]), steps  # prefetched, one behind
 
 
 def torchrun(out: Path, *flags: str) -> None:

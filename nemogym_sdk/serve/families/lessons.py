@@ -137,7 +137,7 @@ def _scenario(
     return history, tools, turn
 
 
-_REASONING = "I should look at what was asked, then act."
+_REASONING = "Let me see."
 _R1_ASSISTANT = "<\uff5cAssistant\uff5c>"
 """DeepSeek's assistant marker (fullwidth bars)."""
 
