@@ -20,7 +20,7 @@ from nemogym_sdk.serve.families.build import build_family_tokenizer, cached_dir
 from nemogym_sdk.serve.families.family import Family
 from nemogym_sdk.serve.families.lessons import Lesson, lessons
 
-__all__ = ["Teaching", "taught_model_dir", "teach"]
+__all__ = ["Teaching", "taught_model_dir", "taught_rows", "teach"]
 
 
 @attrs.frozen(kw_only=True)
@@ -28,7 +28,7 @@ class Teaching:
     """How a model is taught: lessons drawn, steps, batch size, learning rate, seed."""
 
     lessons: int = 256
-    steps: int = 150
+    steps: int = 300
     batch_size: int = 8
     lr: float = 8e-3
     seed: int = 0
@@ -55,18 +55,40 @@ def _batch(tokenizer: Any, drawn: list[Lesson]) -> tuple[Any, Any, Any]:
     return ids, attention, target
 
 
+def taught_rows(tokenizer: Any, drawn: list[Lesson]) -> list[int]:
+    """The head rows the lessons' completions use (their tokens), sorted."""
+    used: set[int] = set()
+    for lesson in drawn:
+        used.update(tokenizer.encode(lesson.completion, add_special_tokens=False))
+    return sorted(used)
+
+
 def teach(model: Any, tokenizer: Any, drawn: list[Lesson], teaching: Teaching) -> list[float]:
-    """Train ``model`` in place on ``drawn``; the loss of each step. Logits are computed at
-    the completion's positions only (a full ``[B, T, V]`` at a 152k vocabulary would not be
-    small)."""
+    """Train ``model`` in place on ``drawn``; the loss of each step.
+
+    Only the LM head's rows of the tokens the completions use are taught (`taught_rows`, a
+    few hundred); every other row is set to zero, so each of those tokens keeps logit 0 for
+    any hidden state. The loss is then the full-vocabulary cross-entropy exactly: the
+    taught rows' logits and one more, ``log(number of zero rows)``, standing for all of
+    them. So a step costs a few hundred head rows, not 152k or 248k, and the saved model
+    samples (over its whole vocabulary) the distribution that was trained."""
+    import math
+
     import torch
 
     decoder = getattr(model, model.base_model_prefix)
-    head = model.get_output_embeddings()
-    # the input embeddings stay as drawn: a third of the weights, and nothing to learn there
+    head = model.get_output_embeddings().weight  # [V, H]
+    rows = taught_rows(tokenizer, drawn)
+    index = torch.tensor(rows)
+    position = torch.full((head.shape[0],), -1, dtype=torch.long)
+    position[index] = torch.arange(len(rows))
+    rest = math.log(head.shape[0] - len(rows))  # logsumexp of the zero rows' logits
+    taught = torch.nn.Parameter(head.detach()[index].clone())
+    # the input embeddings stay as drawn (nothing to learn there); the head is `taught`
     model.get_input_embeddings().requires_grad_(False)
-    learned = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(learned, lr=teaching.lr, weight_decay=0.0, fused=True)
+    model.get_output_embeddings().requires_grad_(False)
+    learned = [taught, *(p for p in model.parameters() if p.requires_grad)]
+    optimizer = torch.optim.AdamW(learned, lr=teaching.lr, weight_decay=0.0)
     # linear decay to 0: the last steps settle, so that sampling at temperature 1 is sharp
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: 1.0 - step / teaching.steps
@@ -78,15 +100,20 @@ def teach(model: Any, tokenizer: Any, drawn: list[Lesson], teaching: Teaching) -
         ids, attention, target = _batch(tokenizer, rng.sample(drawn, teaching.batch_size))
         hidden = decoder(input_ids=ids, attention_mask=attention).last_hidden_state
         picked = target[:, 1:]  # position t predicts token t + 1
-        logits = head(hidden[:, :-1][picked])
-        loss = torch.nn.functional.cross_entropy(logits, ids[:, 1:][picked])
+        logits = hidden[:, :-1][picked] @ taught.T
+        logits = torch.cat([logits, logits.new_full((logits.shape[0], 1), rest)], dim=1)
+        loss = torch.nn.functional.cross_entropy(logits, position[ids[:, 1:][picked]])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
         schedule.step()
         losses.append(float(loss.detach()))
     model.train(False)
+    with torch.no_grad():
+        head.zero_()
+        head[index] = taught.detach()
     model.get_input_embeddings().requires_grad_(True)
+    model.get_output_embeddings().requires_grad_(True)
     return losses
 
 
