@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import requests
-
+from nemogym_sdk._net.http import owned_session, send, server_message
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.hosts import server_root
 
@@ -39,16 +38,18 @@ def _learner_ids(tokenizer: Any) -> list[int]:
 def check_tokenization(base_url: str, tokenizer: Any, *, timeout: float = 30.0) -> bool:
     """Raise `ConfigError` when the sampler at ``base_url`` (with or without ``/v1``)
     tokenizes `PROBE_MESSAGES` differently from ``tokenizer`` (the learner's, with its chat
-    template). Returns ``False``, checking nothing, when the sampler has no ``/tokenize``."""
+    template). Returns ``False``, checking nothing, when the sampler has no ``/tokenize``;
+    a sampler out of reach is a ``TransportError`` or ``DeadlineError`` (``_net.http.send``)."""
     url = f"{server_root(base_url)}/tokenize"
     body = {"messages": list(PROBE_MESSAGES), "add_generation_prompt": True}
-    response = requests.post(url, json=body, timeout=timeout)
+    with owned_session() as http:
+        response = send(http, "POST", url, body=body, timeout=timeout)
     if response.status_code == 404:
         return False
-    if not response.ok:
+    if response.status_code >= 400:
         raise ConfigError(
             f"the sampler's {url} answered {response.status_code} to the tokenizer probe: "
-            f"{response.text[:300]}"
+            f"{server_message(response)}"
         )
     sampled = [int(t) for t in response.json()["tokens"]]
     learned = _learner_ids(tokenizer)

