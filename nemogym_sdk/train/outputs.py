@@ -5,7 +5,9 @@
   ``--report-to`` (``nemogym_sdk.train.trackers``) and the progress bar;
 - ``finish``: ``summary.json`` and ``reward_curve.png``, and where everything is;
 - ``say``: one line on stderr for a phase that takes a while (starting servers, waiting for
-  one), so a user never waits in silence.
+  one), so a user never waits in silence;
+- ``library_warnings``: the SDK's own warnings (a server slow to stop, say) on stderr in the
+  same voice, ``nemogym-train: ...``, unless the user configured logging.
 
 Imports tqdm and matplotlib inside the functions that need them.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -26,6 +29,7 @@ from nemogym_sdk.train.trackers import Trackers
 __all__ = [
     "MetricsLog",
     "finish",
+    "library_warnings",
     "open_metrics",
     "outputs",
     "plot_curve",
@@ -42,6 +46,26 @@ MetricsLog: TypeAlias = Callable[[dict[str, Any]], None]
 def say(message: str) -> None:
     """``nemogym-train: message`` on stderr, now (a phase that takes more than a moment)."""
     print(f"nemogym-train: {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def library_warnings() -> Iterator[None]:
+    """While open, warnings of the ``nemogym_sdk`` loggers go to stderr as
+    ``nemogym-train: message``; without it Python's last-resort handler prints them bare, and
+    a user cannot tell who spoke. A program that configured logging (the root logger has a
+    handler) keeps its own handling."""
+    if logging.getLogger().handlers:
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("nemogym-train: %(message)s"))
+    library = logging.getLogger("nemogym_sdk")
+    library.addHandler(handler)
+    try:
+        yield
+    finally:
+        library.removeHandler(handler)
 
 
 @contextlib.contextmanager

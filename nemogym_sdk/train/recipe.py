@@ -99,7 +99,7 @@ from nemogym_sdk.train.learner import (
     prepare,
     setup_processes,
 )
-from nemogym_sdk.train.outputs import MetricsLog, finish, outputs, say
+from nemogym_sdk.train.outputs import MetricsLog, finish, library_warnings, outputs, say
 from nemogym_sdk.train.play import Played, RolloutSource, play
 from nemogym_sdk.train.sampler import sampler
 from nemogym_sdk.wire import RESPONSES_CREATE_PARAMS, input_messages
@@ -487,7 +487,7 @@ def _require_train_extra() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     config: TrainConfig | None = None
     try:
-        with StopSignals() as signals:
+        with library_warnings(), StopSignals() as signals:
             config = parse_config(argv)
             _require_train_extra()  # after parsing: --help works without the extra
             run(config, signals=signals)
