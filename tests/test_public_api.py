@@ -331,6 +331,12 @@ SURFACE: dict[str, set[str]] = {
         "start_server",
         "turn_key",
     },
+    "nemogym_sdk.serve.parsers": {
+        "OutputParsers",
+        "ParsedTurn",
+        "REASONING_PARSERS",
+        "TOOL_CALL_PARSERS",
+    },
     "nemogym_sdk.serve.families": {
         "FAMILIES",
         "Architecture",

@@ -36,6 +36,8 @@ def test_flags_alone_and_list_values() -> None:
         (["--model", "/nonexistent/model"], "neither 'tiny' nor a local Hugging Face"),
         (["--model-family", "qwen4"], r"Unknown model family 'qwen4'; known: qwen2\.5, qwen3"),
         (["--model-family", "qwen3", "--model", "."], "both name the model to train"),
+        (["--tool-call-parser", "mistral"], "--tool-call-parser 'mistral' is not one"),
+        (["--reasoning-parser", "r1"], "--reasoning-parser 'r1' is not one"),
         (["--config", "/nonexistent.yaml"], "does not exist"),
         (["--device", "gpu"], "device must be one of auto, cpu, cuda or cuda:N"),
         (["--device", "cuda:x"], "device must be one of auto, cpu, cuda or cuda:N"),
@@ -95,6 +97,24 @@ def test_cuda_indices_per_process_and_out_of_range(monkeypatch: pytest.MonkeyPat
     assert resolve_device(TrainConfig(device="cuda:0"), local_rank=1, world=2) == "cuda:0"
     with pytest.raises(ConfigError, match=r"sees 2 GPU\(s\), cuda:0 to cuda:1"):
         resolve_device(TrainConfig(device="cuda:2"))
+
+
+def test_the_sampler_reads_turns_with_the_familys_parsers_unless_told_otherwise() -> None:
+    """The parsers the sampler is started with: the family's pair, a named one instead,
+    ``none`` to turn one off; without a family, hermes tool calls as before."""
+    assert parse_config([]).parser_args() == ["--tool-call-parser", "hermes"]
+    family = parse_config(["--model-family", "qwen3.5"])
+    assert family.parser_args() == [
+        *("--tool-call-parser", "qwen3_coder"),
+        *("--reasoning-parser", "qwen3"),
+    ]
+    r1 = parse_config(["--model-family", "deepseek-r1", "--tool-call-parser", "hermes"])
+    assert r1.parser_args() == [
+        *("--tool-call-parser", "hermes"),
+        *("--reasoning-parser", "deepseek_r1"),
+    ]
+    off = parse_config(["--model-family", "qwen3", "--reasoning-parser", "none"])
+    assert off.output_parsers().reasoning is None and off.output_parsers().tool_calls == "hermes"
 
 
 def test_the_deprecated_train_config_module_is_an_alias() -> None:

@@ -92,6 +92,7 @@ def start_samplers(
     max_lora_rank: int = 8,
     dtype: str = "float32",
     replica_args: Sequence[str] = (),
+    proxy_args: Sequence[str] = (),
     log_dir: str | os.PathLike[str] | None = None,
 ) -> SamplerFleet:
     """Start ``count`` replicas of ``model_dir``, ``vllm-router`` over them and the proxy.
@@ -111,6 +112,8 @@ def start_samplers(
         dtype: vLLM replicas' ``--dtype`` (``nemogym_sdk.serve`` workers run float32).
         replica_args: more flags for every replica; ``{replica}`` in a flag becomes the
             replica's index (e.g. ``--record`` to ``rec-{replica}.jsonl``).
+        proxy_args: more flags for the proxy (its ``--reasoning-parser`` and
+            ``--tool-call-parser``: the proxy builds the chat message).
         log_dir: where each process logs (``replica-<i>.log``, ``router.log``, ``proxy.log``).
 
     Everything started is stopped again if a later start fails.
@@ -155,6 +158,7 @@ def start_samplers(
                 logprobs_mode=logprobs_mode,
                 adapter_versions=adapter_versions,
                 version_policy=version_policy,
+                extra_args=proxy_args,
                 log_path=log("proxy"),
             )
         )
@@ -170,14 +174,17 @@ def start_proxy(
     logprobs_mode: str = "processed_logprobs",
     adapter_versions: int = 1,
     version_policy: str = "pinned",
+    extra_args: Sequence[str] = (),
     log_path: str | os.PathLike[str] | None = None,
 ) -> BackendProcess:
     """``nemogym_sdk.serve --backend vllm`` in front of ``vllm_url`` (one vLLM server, or a
     router over ``replicas``, each of which then gets every adapter): the token-exact splice
-    and the adapter versions kept side by side."""
+    and the adapter versions kept side by side; ``extra_args`` are more of its flags (the
+    output parsers: ``--reasoning-parser``, ``--tool-call-parser``)."""
     args = ["--backend", "vllm", "--vllm-url", openai_url(vllm_url)]
     args += [a for url in replicas for a in ("--replica", openai_url(url))]
     args += ["--adapter-versions", str(adapter_versions), "--version-policy", version_policy]
+    args += list(extra_args)
     return start_serve(
         mode="sample",
         logprobs_mode=logprobs_mode,

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from nemogym_sdk.errors import ConfigError, NemoGymError
 from nemogym_sdk.serve._deps import require_serve_deps
+from nemogym_sdk.serve.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, OutputParsers
 
 if TYPE_CHECKING:
     from nemogym_sdk.serve.backend import CausalLMBackend
@@ -161,6 +162,24 @@ def build_parser() -> argparse.ArgumentParser:
             "which adapter version answers a request for the adapter's name: pinned, the one "
             "the episode started on (read from the conversation); in_flight, the newest "
             "(default pinned)"
+        ),
+    )
+    parser.add_argument(
+        "--reasoning-parser",
+        choices=REASONING_PARSERS,
+        default=None,
+        help=(
+            "read the turn's reasoning as vLLM's --reasoning-parser of that name does, into the "
+            "message's 'reasoning' (default: none)"
+        ),
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        choices=(*TOOL_CALL_PARSERS, "none"),
+        default="hermes",
+        help=(
+            "read tool calls as vLLM's --tool-call-parser of that name does (with "
+            "--enable-auto-tool-choice); none: no tool calls (default: hermes)"
         ),
     )
     parser.add_argument(
@@ -336,6 +355,10 @@ def _engine(args: argparse.Namespace) -> ServeEngine:
         logprobs_mode=args.logprobs_mode,
         recorder=recorder,
         versions=ServedVersions(args.adapter_versions, args.version_policy),
+        parsers=OutputParsers(
+            reasoning=args.reasoning_parser,
+            tool_calls=None if args.tool_call_parser == "none" else args.tool_call_parser,
+        ),
     )
 
 

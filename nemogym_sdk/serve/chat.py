@@ -9,7 +9,8 @@ The backend therefore splices, as NeMo RL's vLLM worker does (its ``_replace_pre
     model_prefix    = prompt_token_ids + generation_token_ids   (of the last such assistant turn)
     template_prefix = template(messages[: that turn + 1], no generation prompt)
     template_ids    = template(messages, generation prompt)
-    eos_pos         = last EOS in template_ids[: len(template_prefix)]
+    n               = how many EOS tokens template_prefix holds (the turn ends at the n-th)
+    eos_pos         = the n-th EOS of template_ids
     prompt          = model_prefix (minus a trailing EOS) + template_ids[eos_pos:]
 
 so the next prompt starts with the previous ``prompt_token_ids + generation_token_ids``.
@@ -116,25 +117,32 @@ def splice_prefix(
 
     ``template_prefix`` is the template rendering of the conversation up to and including the
     tokenized assistant turn (no generation prompt); ``template_ids`` the rendering of the whole
-    request. If ``model_prefix`` already ends with an EOS it is kept as emitted and the template's
-    own boundary EOS is dropped, so the result always starts with ``model_prefix`` exactly.
-    Raises `SpliceError` when the template holds no EOS inside the prefix or did not grow.
+    request. The turn's EOS is found by count, not by position: when ``template_prefix`` ends
+    with its n-th EOS, the n-th EOS of ``template_ids`` ends the same turn even where the
+    template rendered the history shorter the second time (Qwen3 and DeepSeek-R1 drop an
+    earlier turn's reasoning once a new user message follows). If ``model_prefix`` already
+    ends with an EOS it is kept as emitted and the template's own boundary EOS is dropped, so
+    the result always starts with ``model_prefix`` exactly. Raises `SpliceError` when the
+    prefix holds no EOS or the request's rendering holds fewer than the prefix.
     """
     if not model_prefix:
         return list(template_ids)
-    if len(template_ids) <= len(template_prefix):
-        raise SpliceError(
-            "Cannot splice the model's tokens: the chat template rendering did not grow past the "
-            f"tokenized assistant turn ({len(template_ids)} <= {len(template_prefix)} tokens)."
-        )
-    eos_pos = -1
-    for pos in range(len(template_prefix) - 1, -1, -1):
-        if template_ids[pos] in eos_token_ids:
-            eos_pos = pos
-            break
-    if eos_pos < 0:
+    turns = sum(1 for token in template_prefix if token in eos_token_ids)
+    if turns == 0:
         raise SpliceError(
             "Cannot splice the model's tokens: no EOS token found in the chat-templated history."
+        )
+    eos_pos, seen = -1, 0
+    for pos, token in enumerate(template_ids):
+        if token in eos_token_ids:
+            seen += 1
+            if seen == turns:
+                eos_pos = pos
+                break
+    if eos_pos < 0 or eos_pos == len(template_ids) - 1:
+        raise SpliceError(
+            "Cannot splice the model's tokens: the chat template rendering did not grow past the "
+            f"tokenized assistant turn (its turn ends at EOS {turns}, the rendering has {seen})."
         )
     tail = list(template_ids[eos_pos:])
     if model_prefix[-1] in eos_token_ids:

@@ -33,6 +33,7 @@ from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.serve.chat import count_assistant_turns
 from nemogym_sdk.serve.errors import BadRequestError, NotFoundError, ServeError
 from nemogym_sdk.serve.interface import LOGPROBS_MODES, Generation, LogprobsMode, ModelBackend
+from nemogym_sdk.serve.parsers import OutputParsers
 from nemogym_sdk.serve.protocol import (
     ChatRequest,
     FinishReason,
@@ -44,13 +45,7 @@ from nemogym_sdk.serve.protocol import (
 )
 from nemogym_sdk.serve.record import SamplingRecorder
 from nemogym_sdk.serve.script import DEFAULT_SCRIPTED_ANSWER, Script
-from nemogym_sdk.serve.tools import (
-    ToolCall,
-    example_arguments,
-    format_tool_call,
-    parse_tool_calls,
-    tool_function,
-)
+from nemogym_sdk.serve.tools import example_arguments, format_tool_call, tool_function
 from nemogym_sdk.serve.versions import ServedVersion, ServedVersions, version_cards
 from nemogym_sdk.serve.vllm_backend import VllmBackend
 from nemogym_sdk.wire import (
@@ -85,6 +80,7 @@ class ServeEngine:
         logprobs_mode: LogprobsMode = "raw_logprobs",
         recorder: SamplingRecorder | None = None,
         versions: ServedVersions | None = None,
+        parsers: OutputParsers | None = None,
     ) -> None:
         """Configure the engine; ``seed`` seeds the draws for requests that send no ``seed``.
 
@@ -95,12 +91,22 @@ class ServeEngine:
 
         ``versions`` holds the adapters' versions and says which answers a request
         (`nemogym_sdk.serve.versions`; default: one version per name, reloaded in place).
+
+        ``parsers`` reads reasoning and tool calls out of a generated turn as vLLM's
+        ``--reasoning-parser`` and ``--tool-call-parser`` do (default: hermes tool calls, no
+        reasoning parser); scripted mode writes hermes tool calls, so it takes no other.
         """
         if mode not in ("scripted", "sample"):
             raise ConfigError(f"mode must be 'scripted' or 'sample', got {mode!r}")
         if logprobs_mode not in LOGPROBS_MODES:
             raise ConfigError(
                 f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {logprobs_mode!r}"
+            )
+        self.parsers = parsers or OutputParsers()
+        if mode == "scripted" and self.parsers.tool_calls not in (None, "hermes"):
+            raise ConfigError(
+                "scripted mode writes hermes tool calls: serve it with --tool-call-parser hermes"
+                f" (got {self.parsers.tool_calls!r}), or sample with --mode sample"
             )
         if scripted_tool_turns < 0:
             raise ConfigError(f"scripted_tool_turns must be >= 0, got {scripted_tool_turns}")
@@ -316,15 +322,25 @@ class ServeEngine:
         text = self.backend.decode(generation.token_ids)
         if generation.text_end is not None:
             text = text[: generation.text_end]
-        content: str | None = text
-        calls: list[ToolCall] = []
-        if request.tools and request.tool_choice != "none":
-            content, calls = parse_tool_calls(text)
-        finish: FinishReason = "tool_calls" if calls else _finish(generation.finish_reason)
+        turn = self.parsers.turn(
+            text,
+            finish_reason=_finish(generation.finish_reason),
+            tools=request.tools,
+            tool_choice=request.tool_choice,
+            chat_template_kwargs=request.chat_template_kwargs,
+            include_reasoning=request.include_reasoning,
+            parallel_tool_calls=request.parallel_tool_calls,
+        )
+        finish: FinishReason = (
+            "tool_calls"
+            if turn.finish_reason == "tool_calls"
+            else (_finish(generation.finish_reason))
+        )
         answer = chat_completion_body(
             model=request.model or self.served_model_name,
-            content=content,
-            tool_calls=calls,
+            content=turn.content,
+            tool_calls=turn.tool_calls,
+            reasoning=turn.reasoning,
             finish_reason=finish,
             stop_reason=generation.stop_reason,
             prompt_token_ids=prompt_ids,

@@ -164,7 +164,8 @@ class ChatRequest:
     tools: list[dict[str, Any]] | None
     """Chat-format tools, or ``None``."""
     tool_choice: Any
-    """``"auto"``, ``"none"``, ``"required"`` or a named function; ``None`` = auto."""
+    """``"auto"``, ``"none"``, ``"required"`` or a named function. Absent, vLLM's default:
+    ``"auto"`` with tools, ``"none"`` without (an explicit ``null`` stays ``None``)."""
     sampling: RequestSampling
     """Sampling parameters."""
     logprobs: bool
@@ -181,6 +182,10 @@ class ChatRequest:
     """Continue the final (assistant) message instead of starting a new one."""
     chat_template_kwargs: dict[str, Any]
     """Extra variables for the chat template."""
+    include_reasoning: bool = True
+    """Answer with the reasoning parser's ``reasoning`` (vLLM's default: yes)."""
+    parallel_tool_calls: bool | None = None
+    """``False``: keep the first tool call only."""
 
     @classmethod
     def from_json(cls, body: Any) -> ChatRequest:
@@ -204,11 +209,17 @@ class ChatRequest:
             raise BadRequestError(
                 "Cannot set both 'continue_final_message' and 'add_generation_prompt' to True."
             )
+        tools = _tools(body)
+        parallel = body.get("parallel_tool_calls")
+        if parallel is not None and not isinstance(parallel, bool):
+            raise BadRequestError(
+                "'parallel_tool_calls' must be a boolean.", param="parallel_tool_calls"
+            )
         return cls(
             model=model,
             messages=_messages(body),
-            tools=_tools(body),
-            tool_choice=body.get("tool_choice"),
+            tools=tools,
+            tool_choice=body.get("tool_choice", "auto" if tools else "none"),
             sampling=RequestSampling.from_json(body),
             logprobs=_flag(body, "logprobs", False),
             top_logprobs=top_logprobs,
@@ -217,6 +228,8 @@ class ChatRequest:
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final,
             chat_template_kwargs=_kwargs(body, "chat_template_kwargs"),
+            include_reasoning=_flag(body, "include_reasoning", True),
+            parallel_tool_calls=parallel,
         )
 
 
@@ -320,6 +333,7 @@ def chat_completion_body(
     content: str | None,
     tool_calls: Sequence[ToolCall],
     finish_reason: FinishReason,
+    reasoning: str | None = None,
     stop_reason: str | int | None,
     prompt_token_ids: Sequence[int],
     token_ids: Sequence[int],
@@ -355,7 +369,7 @@ def chat_completion_body(
                     "audio": None,
                     "function_call": None,
                     "tool_calls": [call.to_openai() for call in tool_calls],
-                    "reasoning": None,
+                    "reasoning": reasoning,
                 },
                 "logprobs": logprobs_body,
                 "finish_reason": finish_reason,

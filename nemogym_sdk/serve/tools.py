@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -36,8 +35,8 @@ __all__ = [
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
-_BLOCK_RE = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)
 _MAX_DEPTH = 12
+_ID_MASK = (1 << 64) - 1
 
 _STRING_FORMATS: dict[str, str] = {
     "date": "2024-01-01",
@@ -66,8 +65,8 @@ class ToolCall:
     """Function name."""
     arguments: str
     """Arguments as a JSON-encoded object (the OpenAI wire form)."""
-    id: str = attrs.field(factory=lambda: f"chatcmpl-tool-{uuid.uuid4().hex}")
-    """Call id, shaped like vLLM's (``chatcmpl-tool-<hex>``)."""
+    id: str = attrs.field(factory=lambda: f"chatcmpl-tool-{uuid.uuid4().int & _ID_MASK:016x}")
+    """Call id, shaped like vLLM's (``chatcmpl-tool-`` and 16 hex digits)."""
 
     def to_openai(self) -> dict[str, Any]:
         """Return the ``choices[0].message.tool_calls[i]`` dict of a chat completion."""
@@ -85,46 +84,16 @@ def format_tool_call(name: str, arguments: Mapping[str, Any]) -> str:
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[ToolCall]]:
-    """Split generated text into ``(content, tool_calls)`` like vLLM's hermes parser.
-
-    Every ``<tool_call>...</tool_call>`` block must hold a JSON object with a string ``name`` and
-    an object ``arguments`` (a JSON string that decodes to an object is accepted too). If any block
-    is malformed, or a ``<tool_call>`` is left unclosed, nothing is parsed: the whole text stays
-    content and the list is empty. ``content`` is the text outside the blocks, stripped, or
-    ``None`` when nothing is left. Text without any ``<tool_call>`` is returned unchanged.
+    """Split generated text into ``(content, tool_calls)`` as vLLM's ``hermes`` parser does
+    (`nemogym_sdk.serve.parsers`): every ``<tool_call>`` block (the last may be left open)
+    holds ``{"name": ..., "arguments": ...}``; one that does not parse leaves the whole text
+    as content and no call. With calls, ``content`` is the text before the first block
+    (``None`` if empty); text without ``<tool_call>`` is returned unchanged.
     """
-    if TOOL_CALL_OPEN not in text:
-        return text, []
-    calls: list[ToolCall] = []
-    for block in _BLOCK_RE.findall(text):
-        call = _parse_block(block)
-        if call is None:
-            return text, []
-        calls.append(call)
-    rest = _BLOCK_RE.sub("", text)
-    if TOOL_CALL_OPEN in rest or not calls:
-        return text, []
-    rest = rest.strip()
-    return (rest if rest else None), calls
+    from nemogym_sdk.serve.parsers.json_calls import hermes_tool_calls
 
-
-def _parse_block(block: str) -> ToolCall | None:
-    try:
-        obj = json.loads(block)
-    except ValueError:
-        return None
-    if not isinstance(obj, dict):
-        return None
-    name = obj.get("name")
-    arguments = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            return None
-    if not isinstance(name, str) or not name or not isinstance(arguments, dict):
-        return None
-    return ToolCall(name=name, arguments=json.dumps(arguments, ensure_ascii=False))
+    called, calls, content = hermes_tool_calls(text)
+    return (content, calls) if called else (text, [])
 
 
 def tool_function(tool: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]] | None:

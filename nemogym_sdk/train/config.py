@@ -17,7 +17,7 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import yaml
@@ -29,6 +29,9 @@ from nemogym_sdk.grpo import ImportanceSampling, LossType, PolicyLoss
 from nemogym_sdk.policy import VERSION_POLICIES
 from nemogym_sdk.records import ParseOptions
 from nemogym_sdk.rollout_engine.options import EngineOptions
+
+if TYPE_CHECKING:
+    from nemogym_sdk.serve.parsers import OutputParsers
 
 __all__ = [
     "BACKENDS",
@@ -80,6 +83,13 @@ class TrainConfig:
     """Instead of ``model``: a model family's tiny model with a real vocabulary and chat
     template (``qwen2.5``, ``qwen3``, ``qwen3.5``, ``deepseek-r1``, ``llama3``; weights from
     ``seed``), built and cached on first use (docs/concepts/families.md)."""
+    reasoning_parser: str | None = None
+    """How the sampler reads a turn's reasoning, by vLLM's ``--reasoning-parser`` names
+    (``qwen3``, ``deepseek_r1``; ``none``); default: the ``model_family``'s, else none."""
+    tool_call_parser: str | None = None
+    """How the sampler reads tool calls, by vLLM's ``--tool-call-parser`` names (``hermes``,
+    ``qwen3_coder``, ``llama3_json``; ``none``); default: the ``model_family``'s, else
+    ``hermes``."""
     backend: str = "transformers"
     """Who samples: ``transformers`` (``nemogym_sdk.serve``) or ``vllm`` (real vLLM; CPU
     needs ``make vllm-venv``)."""
@@ -212,6 +222,7 @@ class TrainConfig:
                     f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
                 )
         parse_device(self.device)
+        self.output_parsers()  # unknown parser names: a ConfigError before any server starts
         self._check_async()
         self._check_replicas()
         self._check_trackers()
@@ -309,6 +320,35 @@ class TrainConfig:
 
             return str(family_model_dir(family_named(self.model_family), seed=self.seed))
         return None if self.model == "tiny" else self.model
+
+    def output_parsers(self) -> OutputParsers:
+        """How the sampler reads reasoning and tool calls out of a generated turn: the
+        parsers named, else the ``model_family``'s, else hermes tool calls only."""
+        from nemogym_sdk.serve.parsers import OutputParsers  # the settings module stays light
+
+        family = None
+        if self.model_family is not None:
+            from nemogym_sdk.serve.families.catalog import family_named
+
+            family = family_named(self.model_family)
+
+        def chosen(given: str | None, field: str, default: str | None) -> str | None:
+            if given is not None:
+                return None if given == "none" else given
+            return getattr(family, field) if family is not None else default
+
+        return OutputParsers(
+            reasoning=chosen(self.reasoning_parser, "reasoning_parser", None),
+            tool_calls=chosen(self.tool_call_parser, "tool_call_parser", "hermes"),
+        )
+
+    def parser_args(self) -> list[str]:
+        """``nemogym_sdk.serve``'s flags for `output_parsers`."""
+        parsers = self.output_parsers()
+        args = ["--tool-call-parser", parsers.tool_calls or "none"]
+        if parsers.reasoning is not None:
+            args += ["--reasoning-parser", parsers.reasoning]
+        return args
 
     def _check_async(self) -> None:
         if self.mode == "async" and self.prefetch:

@@ -79,6 +79,21 @@ def test_splice_keeps_the_eos_the_model_emitted_when_several_are_accepted() -> N
     assert splice_prefix([1, 5, 98], [1, 7, E], [1, 7, E, 3], {98, E}) == [1, 5, 98, 3]
 
 
+def test_splice_finds_the_turn_by_its_eos_where_the_template_dropped_its_reasoning() -> None:
+    """A new user turn made the template drop the assistant turn's reasoning (8 8 8), so the
+    request renders the history shorter than the prefix did; the turn still ends at the
+    first EOS, not at the user's EOS that now sits where the prefix's ended.
+
+    model_prefix    = [1, 8, 8, 8, 6, E]
+    template_prefix = [1, 8, 8, 8, 6, E, 3]      (the turn ends at EOS number 1)
+    template_ids    = [1, 6, E, 3, 2, 2, E, 3, 4]
+    spliced         = [1, 8, 8, 8, 6, E, 3, 2, 2, E, 3, 4]
+    """
+    prefix = [1, 8, 8, 8, 6, E]
+    spliced = splice_prefix(prefix, [*prefix, 3], [1, 6, E, 3, 2, 2, E, 3, 4], {E})
+    assert spliced == [*prefix, 3, 2, 2, E, 3, 4]
+
+
 def test_splice_without_model_prefix_is_the_template() -> None:
     """An empty model prefix leaves the template rendering untouched."""
     assert splice_prefix([], [1, E], [1, E, 3], {E}) == [1, E, 3]

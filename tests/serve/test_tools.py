@@ -43,11 +43,12 @@ def test_one_tool_call_is_parsed_into_openai_shape() -> None:
     assert call["function"] == {"name": "get_weather", "arguments": '{"city": "SF"}'}
 
 
-def test_text_around_several_calls_is_kept_as_content() -> None:
-    """Two calls plus surrounding text: both calls parsed, the text stripped into content."""
+def test_the_text_before_the_calls_is_the_content() -> None:
+    """Two calls plus surrounding text: both calls parsed; the content is the text before the
+    first, unstripped, as vLLM's hermes parser gives it (the text after the calls is lost)."""
     text = "Let me check.\n" + format_tool_call("a", {}) + "\n" + format_tool_call("b", {"n": 1})
-    content, calls = parse_tool_calls(text)
-    assert content == "Let me check."
+    content, calls = parse_tool_calls(text + " done")
+    assert content == "Let me check.\n"
     assert [c.name for c in calls] == ["a", "b"]
     assert json.loads(calls[1].arguments) == {"n": 1}
     assert calls[0].id != calls[1].id
@@ -57,24 +58,30 @@ def test_text_around_several_calls_is_kept_as_content() -> None:
     "text",
     [
         "<tool_call>\n{not json}\n</tool_call>",
+        "<tool_call></tool_call>",
         '<tool_call>\n{"arguments": {}}\n</tool_call>',
-        '<tool_call>\n{"name": "f", "arguments": [1]}\n</tool_call>',
+        '<tool_call>\n{"name": "f"}\n</tool_call>',
+        '<tool_call>\n{"name": "f", "parameters": {"b": 3}}\n</tool_call>',
+        '<tool_call>\n{"name": 5, "arguments": {}}\n</tool_call>',
         '<tool_call>\n["f"]\n</tool_call>',
-        '<tool_call>\n{"name": "f", "arguments": {"x": 1}}',
         '<tool_call>{"name": "f", "arguments": {}}</tool_call> then <tool_call>{"name": "g"',
     ],
 )
 def test_malformed_tool_call_text_stays_plain_content(text: str) -> None:
-    """Bad JSON, a missing name, non-object arguments or an unclosed block: no calls at all."""
+    """Bad JSON, an empty block, no name or a name that is not a string, no ``arguments``,
+    not an object, a bad call after a good one: no calls at all, the whole text content."""
     assert parse_tool_calls(text) == (text, [])
 
 
-def test_string_arguments_and_parameters_alias_are_accepted() -> None:
-    """Arguments given as a JSON string, or under "parameters", are normalised to an object."""
+def test_arguments_are_the_models_json_value_written_again() -> None:
+    """As in vLLM: any JSON value, written by ``json.dumps`` (the model's spacing is lost),
+    and a last block left open still counts."""
     _, calls = parse_tool_calls('<tool_call>{"name": "f", "arguments": "{\\"a\\": 2}"}</tool_call>')
-    assert json.loads(calls[0].arguments) == {"a": 2}
-    _, calls = parse_tool_calls('<tool_call>{"name": "g", "parameters": {"b": 3}}</tool_call>')
-    assert json.loads(calls[0].arguments) == {"b": 3}
+    assert json.loads(calls[0].arguments) == '{"a": 2}'
+    _, calls = parse_tool_calls('<tool_call>{"name":"g","arguments":{"b":[1,2]}}</tool_call>')
+    assert calls[0].arguments == '{"b": [1, 2]}'
+    content, calls = parse_tool_calls('<tool_call>\n{"name": "h", "arguments": [1]}')
+    assert content is None and (calls[0].name, calls[0].arguments) == ("h", "[1]")
 
 
 _json_scalar = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=8))
