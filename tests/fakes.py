@@ -183,3 +183,50 @@ def head_server(
 
     with serve(routes) as server:
         yield server
+
+
+class Switch:
+    """A loopback server that forwards every request to ``upstream`` (a ``.../v1`` URL,
+    settable between requests): one NeMo Gym deployment pointed at ``base_url`` samples from
+    one backend, then from another, without being started again."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self.upstream: str | None = None
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:<port>/v1``: what ``PolicyModel`` takes."""
+        return f"{self.url}/v1"
+
+
+@contextmanager
+def switch() -> Iterator[Switch]:
+    """A running `Switch` (no upstream yet: it answers 503 until one is set)."""
+    import aiohttp
+
+    box = Switch()
+    hop_by_hop = {"host", "content-length", "transfer-encoding", "connection"}
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        upstream = box.upstream
+        if upstream is None:
+            return web.Response(status=503, text="the switch has no upstream")
+        root = upstream.removesuffix("/").removesuffix("/v1")
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in hop_by_hop}
+        timeout = aiohttp.ClientTimeout(total=600)
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.request(
+                request.method, root + request.path_qs, data=await request.read(), headers=headers
+            ) as answer,
+        ):
+            return web.Response(
+                status=answer.status,
+                body=await answer.read(),
+                headers={"Content-Type": answer.headers.get("Content-Type", "application/json")},
+            )
+
+    with serve(lambda server: [web.route("*", "/{tail:.*}", forward)]) as server:
+        box.url = server.url
+        yield box

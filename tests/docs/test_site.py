@@ -42,6 +42,7 @@ REFERENCE_PAGES = {
     "nemogym_sdk.train": "train",
     "nemogym_sdk.serve": "serve",
     "nemogym_sdk.serve.families": "serve-families",
+    "nemogym_sdk.serve.parsers": "serve-parsers",
     "nemogym_sdk.testing": "testing",
     "nemogym_sdk.adapters.torch": "adapters-torch",
     "nemogym_sdk.adapters.trl": "adapters-trl",

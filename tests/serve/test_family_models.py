@@ -4,7 +4,12 @@ the cache reuses a directory instead of building it again."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from nemogym_sdk.serve.families import FAMILIES, family_model_dir
+from nemogym_sdk.serve.families.build import build_record, cached_dir
 from nemogym_sdk.serve.template import ChatTemplate
 
 from .family_conversations import CONVERSATIONS
@@ -46,3 +52,30 @@ def test_saved_model_loads_and_renders_as_built(name: str) -> None:
     stamp = (path / "model.safetensors").stat().st_mtime_ns
     assert family_model_dir(family) == path
     assert (path / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_concurrent_builders_build_once(tmp_path: Path) -> None:
+    """Two builders of one directory at once (pytest-xdist workers): the second waits on the
+    lock and uses what the first built; a build that fails leaves nothing behind."""
+    family = FAMILIES["qwen3"]
+    builds: list[int] = []
+
+    def build(directory: Path) -> dict[str, Any]:
+        builds.append(threading.get_ident())
+        time.sleep(0.3)
+        (directory / "weights").write_text("w")
+        return {"built_by": threading.get_ident()}
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        made = list(pool.map(lambda _: cached_dir(family, 0, build, root=tmp_path), range(2)))
+    assert made[0] == made[1] and len(builds) == 1
+    assert build_record(made[0])["built_by"] == builds[0]
+
+    def broken(directory: Path) -> dict[str, Any]:
+        raise RuntimeError("out of disk")
+
+    with pytest.raises(RuntimeError):
+        cached_dir(family, 1, broken, root=tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [
+        made[0].name
+    ]

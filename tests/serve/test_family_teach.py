@@ -1,11 +1,10 @@
 """Taught family models (nemogym_sdk.serve.families.teach): sampled at temperature 1, they
 write their family's markup (a closed ``<think>`` block where the family reasons, a tool call
-its parser reads when tools are offered, EOS), which the random models almost never do."""
+its parser reads when tools are offered, EOS), which the random models almost never do; the
+completions are read by the family's vLLM parsers (`nemogym_sdk.serve.parsers`)."""
 
 from __future__ import annotations
 
-import json
-import re
 from typing import Any
 
 import pytest
@@ -20,6 +19,7 @@ from nemogym_sdk.serve.families import FAMILIES, Family, family_model_dir
 from nemogym_sdk.serve.families.build import build_record
 from nemogym_sdk.serve.families.lessons import Lesson, lessons
 from nemogym_sdk.serve.families.teach import Teaching, taught_model_dir, taught_rows
+from nemogym_sdk.serve.parsers import OutputParsers
 
 HELD_OUT = 12
 """Lessons drawn with another seed than the taught ones."""
@@ -27,22 +27,20 @@ TEMPERATURE = 1.0
 """Plain sampling, as NeMo Gym's rollouts for GRPO do."""
 
 
-def called(family: Family, text: str) -> str | None:
-    """The function a completion calls, read as the family's tool-call parser reads it
-    (hermes JSON, Qwen3.5's XML, Llama's bare JSON); ``None`` when it calls none."""
-    if family.tool_call_parser == "hermes":
-        found = re.search(r"<tool_call>\n(.*?)\n</tool_call>", text, re.S)
-        return str(json.loads(found.group(1))["name"]) if found else None
-    if family.tool_call_parser == "qwen3_coder":
-        found = re.search(r"<tool_call>\n<function=([^>\n]+)>\n(.*?)</function>", text, re.S)
-        return found.group(1) if found else None
-    if family.tool_call_parser == "llama3_json" and text.lstrip().startswith("{"):
-        return str(json.loads(text.removesuffix(family.eos_token))["name"])
-    return None
+def called(family: Family, lesson: Lesson, text: str) -> str | None:
+    """The function a completion calls, read by the family's own vLLM parsers (as
+    `nemogym_sdk.serve.parsers` reads them); ``None`` when it calls none."""
+    parsers = OutputParsers(reasoning=family.reasoning_parser, tool_calls=family.tool_call_parser)
+    _, _, calls = parsers.parse(
+        text.removesuffix(family.eos_token),
+        tools=lesson.tools,
+        tool_choice="auto" if lesson.tools else "none",
+    )
+    return calls[0].name if calls else None
 
 
 def expected_call(family: Family, lesson: Lesson) -> str | None:
-    return called(family, lesson.completion)
+    return called(family, lesson, lesson.completion)
 
 
 def well_formed(family: Family, lesson: Lesson, text: str) -> bool:
@@ -50,10 +48,7 @@ def well_formed(family: Family, lesson: Lesson, text: str) -> bool:
         return False
     if family.reasoning_parser is not None and text.count("\n</think>\n\n") != 1:
         return False
-    try:
-        return called(family, text) == expected_call(family, lesson)
-    except (json.JSONDecodeError, KeyError, TypeError):
-        return False
+    return called(family, lesson, text) == expected_call(family, lesson)
 
 
 def sampled(

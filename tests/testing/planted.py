@@ -43,7 +43,8 @@ BUGS: dict[str, Bug] = {
     "drops_env_tokens": Bug(
         does="loses the tool output between turns",
         caught_by=("stitching",),
-        also=("env_tokens_not_trained",),  # later turns shift onto the lost tokens' places
+        # later turns shift onto the lost tokens' places, policy tokens onto env positions
+        also=("env_tokens_not_trained", "policy_tokens_trained"),
     ),
     "trains_env_tokens": Bug(
         does="marks the tool output as policy tokens", caught_by=("env_tokens_not_trained",)

@@ -9,12 +9,14 @@ building once per machine. The cache root is ``$NEMOGYM_FAMILY_MODELS``, else
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -148,8 +150,9 @@ def cached_dir(
     """``<root>/<family>[-label]-seed<seed>-<key>``, made by ``build(directory)`` the first
     time (its returned record is kept as the completion stamp), then reused.
 
-    Concurrent builders (pytest-xdist workers) are safe: each builds in a temporary directory
-    and renames it into place; the first rename wins and the others use it.
+    Concurrent builders (pytest-xdist workers, several runs) build once: the others wait on a
+    lock file beside the directory, then use it. The build happens in a temporary directory
+    renamed into place, so a build killed halfway leaves nothing that looks finished.
     """
     base = Path(root) if root is not None else cache_root()
     name = f"{family.name}-{label}" if label else family.name
@@ -157,18 +160,40 @@ def cached_dir(
     if (target / _DONE).is_file():
         return target
     base.mkdir(parents=True, exist_ok=True)
+    with _exclusive(base / f".{target.name}.lock"):
+        if (target / _DONE).is_file():  # another builder finished while this one waited
+            return target
+        _build_into(target, base, name, build, {"family": family.name, "seed": seed})
+    return target
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``lock_path`` (released when the process dies too)."""
+    with lock_path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _build_into(
+    target: Path,
+    base: Path,
+    name: str,
+    build: Callable[[Path], dict[str, Any]],
+    stamp: dict[str, Any],
+) -> None:
     scratch = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=base))
     try:
-        record = {"family": family.name, "seed": seed, **build(scratch)}
+        record = {**stamp, **build(scratch)}
         (scratch / _DONE).write_text(json.dumps(record) + "\n")
-        try:
-            scratch.rename(target)
-        except OSError:  # another builder finished first
-            if not (target / _DONE).is_file():
-                raise
+        if target.exists():  # a directory whose stamp was removed by hand: built again
+            shutil.rmtree(target)
+        scratch.rename(target)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return target
 
 
 def build_record(directory: str | Path) -> dict[str, Any]:

