@@ -34,6 +34,7 @@ __all__ = [
     "SpliceError",
     "build_prompt_ids",
     "count_assistant_turns",
+    "developer_as_system",
     "last_tokenized_assistant",
     "model_prefix_of",
     "normalize_messages",
@@ -183,6 +184,31 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
                         function["arguments"] = decoded
         out.append(clean)
     return out
+
+
+def developer_as_system(
+    messages: Sequence[Mapping[str, Any]], chat_template: str
+) -> list[dict[str, Any]]:
+    """Messages as vLLM hands them to a chat template that does not name the ``developer``
+    role: each ``developer`` message becomes a ``system`` one (its ``tools`` dropped), and
+    then every system message is merged into one at the front, their texts joined by a
+    blank line. A template that names the role gets the messages unchanged."""
+    copies = [dict(m) for m in messages]
+    if '"developer"' in chat_template or "'developer'" in chat_template:
+        return copies
+    if not any(m.get("role") == "developer" for m in copies):
+        return copies
+    for message in copies:
+        if message.get("role") == "developer":
+            message["role"] = "system"
+            message.pop("tools", None)
+    systems = [i for i, m in enumerate(copies) if m.get("role") == "system"]
+    if systems == [0] or not systems:
+        return copies
+    texts = [copies[i].get("content") for i in systems]
+    merged = "\n\n".join(t for t in texts if isinstance(t, str) and t)
+    rest = [m for m in copies if m.get("role") != "system"]
+    return [{"role": "system", "content": merged}, *rest]
 
 
 def build_prompt_ids(

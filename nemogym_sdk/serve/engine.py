@@ -188,9 +188,18 @@ class ServeEngine:
         seed = request.sampling.seed
         return self._rng.getrandbits(63) if seed is None else seed
 
+    def _chat_request(self, body: Any) -> ChatRequest:
+        """The validated request; a ``tool_choice`` the output parsers cannot honour is a
+        400, with vLLM's words."""
+        request = ChatRequest.from_json(body)
+        refusal = self.parsers.refusal(request.tool_choice)
+        if refusal is not None:
+            raise BadRequestError(refusal, param="tool_choice")
+        return request
+
     def chat(self, body: Any) -> dict[str, Any]:
         """Answer a ``POST /v1/chat/completions`` body (transformers backend)."""
-        request = ChatRequest.from_json(body)
+        request = self._chat_request(body)
         served = self.resolve_version(request)
         adapter = served.slot if served is not None else self.resolve_model(request.model)
         prompt_ids = self._prompt(request)
@@ -220,7 +229,7 @@ class ServeEngine:
         proxy = self.proxy
         if proxy is None:
             raise _NotLocalError("chat_async needs the vLLM backend; call chat().")
-        request = ChatRequest.from_json(body)
+        request = self._chat_request(body)
         served = self.resolve_version(request)
         model = served.slot if served else proxy.vllm_model(request.model, self.served_model_name)
         prompt_ids = self._prompt(request)

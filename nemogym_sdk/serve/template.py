@@ -15,7 +15,7 @@ from typing import Any
 from jinja2 import TemplateError
 
 from nemogym_sdk.errors import ConfigError
-from nemogym_sdk.serve.chat import build_prompt_ids
+from nemogym_sdk.serve.chat import build_prompt_ids, developer_as_system
 from nemogym_sdk.serve.errors import BadRequestError
 
 __all__ = ["ChatTemplate", "eos_ids_of"]
@@ -91,10 +91,12 @@ class ChatTemplate:
         continue_final_message: bool,
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
-        """Render ``messages`` through the chat template and tokenize (no splice)."""
+        """Render ``messages`` through the chat template and tokenize (no splice); a
+        ``developer`` message the template has no place for is a system one, as in vLLM."""
+        template = self.tokenizer.chat_template
         try:
             text = self.tokenizer.apply_chat_template(
-                [dict(m) for m in messages],
+                developer_as_system(messages, template if isinstance(template, str) else ""),
                 tools=[dict(t) for t in tools] if tools else None,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,

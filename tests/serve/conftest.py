@@ -42,9 +42,12 @@ TIME_TOOL: dict[str, Any] = {
 }
 
 
-def make_server(mode: Mode, *, tool_turns: int = 2, seed: int = 0, versions: Any = None) -> Any:
+def make_server(
+    mode: Mode, *, tool_turns: int = 2, seed: int = 0, versions: Any = None, parsers: Any = None
+) -> Any:
     """Start a ServerThread over a fresh tiny backend (caller stops it); ``versions`` is a
-    ``ServedVersions`` (default: one version per adapter name)."""
+    ``ServedVersions`` (default: one version per adapter name), ``parsers`` the
+    ``OutputParsers`` (default: hermes tool calls)."""
     from nemogym_sdk.serve import CausalLMBackend, ServeEngine, ServerThread
 
     engine = ServeEngine(
@@ -54,6 +57,7 @@ def make_server(mode: Mode, *, tool_turns: int = 2, seed: int = 0, versions: Any
         scripted_tool_turns=tool_turns,
         seed=seed,
         versions=versions,
+        parsers=parsers,
     )
     return ServerThread(engine).start()
 

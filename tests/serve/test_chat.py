@@ -14,6 +14,7 @@ from nemogym_sdk.serve.chat import (
     SpliceError,
     build_prompt_ids,
     count_assistant_turns,
+    developer_as_system,
     last_tokenized_assistant,
     normalize_messages,
     splice_prefix,
@@ -219,3 +220,23 @@ def test_splice_is_a_no_op_when_the_model_tokens_match_the_template(replies: lis
             normalize_messages(messages), add_generation_prompt=True, continue_final_message=False
         )
         assert build_prompt_ids(messages, chatml, {EOS}) == plain
+
+
+def test_a_developer_message_is_a_system_one_where_the_template_has_no_place_for_it() -> None:
+    """As vLLM does: ``developer`` becomes ``system`` (tools dropped) and every system
+    message merges into one at the front; a template that names the role keeps them."""
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"},
+        {"role": "developer", "content": "Use tools.", "tools": [{"x": 1}]},
+    ]
+    assert developer_as_system(messages, "{{ messages }}") == [
+        {"role": "system", "content": "Be brief.\n\nUse tools."},
+        {"role": "user", "content": "hi"},
+    ]
+    assert developer_as_system(messages[2:], "{{ m }}") == [
+        {"role": "system", "content": "Use tools."}
+    ]
+    named = "{% if m.role == 'developer' %}{% endif %}"
+    assert developer_as_system(messages, named) == messages
+    assert developer_as_system(messages[:2], "") == messages[:2]

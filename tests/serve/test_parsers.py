@@ -264,3 +264,17 @@ def test_unknown_parser_names_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="--reasoning-parser"):
         OutputParsers(reasoning="r1")
     assert isinstance(ToolCall(name="f", arguments="{}").id, str)
+
+
+def test_without_a_tool_parser_a_tool_choice_is_refused_in_vllms_words() -> None:
+    """vLLM answers 400 to ``auto``, ``required`` or a named choice when the server runs
+    without ``--enable-auto-tool-choice --tool-call-parser``; ``none`` is fine."""
+    off = OutputParsers(reasoning="deepseek_r1", tool_calls=None)
+    assert off.refusal("auto") == (
+        '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+    )
+    assert off.refusal(NAMED) == (
+        'tool_choice=function "get_weather" requires --tool-call-parser to be set'
+    )
+    assert off.refusal("required") == 'tool_choice="required" requires --tool-call-parser to be set'
+    assert off.refusal("none") is None and OutputParsers().refusal("auto") is None

@@ -12,7 +12,7 @@ import requests
 
 from nemogym_sdk.serve.engine import DEFAULT_SCRIPTED_ANSWER
 
-from .conftest import MODEL_NAME, TIME_TOOL, WEATHER_TOOL
+from .conftest import MODEL_NAME, TIME_TOOL, WEATHER_TOOL, make_server
 
 pytest.importorskip("transformers")
 
@@ -331,3 +331,21 @@ def test_token_in_completions_sample_what_chat_samples_in_vllms_shape(sample_ser
         f"{sample_server.base_url}/completions", json={**body, "prompt": []}, timeout=10
     )
     assert bad.status_code == 400 and "prompt" in bad.json()["error"]["message"]
+
+
+def test_a_server_without_a_tool_parser_refuses_a_tool_choice_as_vllm_does() -> None:
+    """``--tool-call-parser none``: tools with ``auto`` (their default) are a 400 in vLLM's
+    words, so NeMo Gym meets the same answer as from vLLM started without tool parsing."""
+    from nemogym_sdk.serve.parsers import OutputParsers
+
+    server = make_server("sample", parsers=OutputParsers(tool_calls=None))
+    try:
+        url = f"{server.base_url}/chat/completions"
+        body = {"model": MODEL_NAME, "messages": START, "max_tokens": 4}
+        refused = requests.post(url, json={**body, "tools": [WEATHER_TOOL]}, timeout=60)
+        assert refused.status_code == 400
+        assert "requires --enable-auto-tool-choice" in refused.json()["error"]["message"]
+        none = {**body, "tools": [WEATHER_TOOL], "tool_choice": "none"}
+        assert requests.post(url, json=none, timeout=60).status_code == 200
+    finally:
+        server.stop()

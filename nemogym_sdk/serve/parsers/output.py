@@ -81,6 +81,22 @@ class OutputParsers:
         names = [n for n in (self.reasoning, self.tool_calls) if n is not None]
         return bool(names) and all(n in _ENGINE_BASED for n in names)
 
+    def refusal(self, tool_choice: Any) -> str | None:
+        """vLLM's 400 message for a request whose ``tool_choice`` needs a tool-call parser
+        this server runs without (``None`` when the request is fine)."""
+        if self.tool_calls is not None or tool_choice in (None, "none"):
+            return None
+        if tool_choice == "auto":
+            return (
+                '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
+                "to be set"
+            )
+        if isinstance(tool_choice, Mapping):
+            function = tool_choice.get("function")
+            name = function.get("name") if isinstance(function, Mapping) else None
+            return f'tool_choice=function "{name}" requires --tool-call-parser to be set'
+        return f'tool_choice="{tool_choice}" requires --tool-call-parser to be set'
+
     def split_reasoning(
         self, text: str, chat_template_kwargs: Mapping[str, Any]
     ) -> tuple[str | None, str | None]:
