@@ -9,7 +9,8 @@ samples through a `tests.fakes.Switch`, the same rows twice:
 
 * through our proxy (``nemogym_sdk.serve --backend vllm`` with the same parser names):
   every rollout is contiguous under ``DriftPolicy.RAISE``; the tokens the env mask trains on
-  are exactly the sampler's generations (each one in the proxy's record), turn by turn;
+  are exactly the sampler's generations (each one in the proxy's record), turn by turn, and
+  vLLM's logprobs of them equal the learner's (transformers, fp32) within 1e-4;
   the parsers' reasoning reaches NeMo Gym as reasoning items and their tool calls reach the
   environment, whose answers come back as environment tokens (mask 0);
 * with ``vllm_model`` pointed straight at vLLM: the drift per cause (a merge at a turn
@@ -176,6 +177,27 @@ def _window(tokenizer: Any, drift: tuple[list[int], list[int], list[int]]) -> di
     }
 
 
+def _mismatch(model_dir: Path, played: list[tuple[str, bytes]]) -> float:
+    """The largest difference between the logprob vLLM reported for a sampled token and
+    the learner's (transformers, fp32, the same weights) for it, over every model turn."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    head = model.get_output_embeddings()
+    worst = 0.0
+    with torch.no_grad():
+        for _, raw in played:
+            for turn in _turns(raw):
+                prompt, generation = turn["prompt_token_ids"], turn["generation_token_ids"]
+                hidden = model.base_model(torch.tensor([prompt + generation])).last_hidden_state
+                logits = head(hidden[0, len(prompt) - 1 : -1])
+                ours = torch.log_softmax(logits, -1)[torch.arange(len(generation)), generation]
+                sampled = torch.tensor(turn["generation_log_probs"], dtype=torch.float32)
+                worst = max(worst, float((ours - sampled).abs().max()))
+    return worst
+
+
 def _check_ours(
     family: Family, tokenizer: Any, played: list[tuple[str, bytes]], record: Path
 ) -> Counter[str]:
@@ -242,6 +264,7 @@ def test_a_family_through_real_vllm_and_nemo_gym(
         front.upstream = None
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     statuses = _check_ours(family, tokenizer, ours, record)
+    mismatch = _mismatch(model_dir, ours)
 
     causes: Counter[str] = Counter()
     drifted: Counter[str] = Counter()
@@ -256,6 +279,7 @@ def test_a_family_through_real_vllm_and_nemo_gym(
         "family": name,
         "rollouts": Counter(environment for environment, _ in plain),
         "proxy_statuses": statuses,
+        "logprob_mismatch": mismatch,
         "plain_drifted": drifted,
         "causes": causes,
         "first_drift": window,
@@ -271,5 +295,6 @@ def test_a_family_through_real_vllm_and_nemo_gym(
     if table:
         with open(table, "a") as out:
             out.write(line + "\n")
+    assert mismatch < 1e-4, summary  # vLLM on CPU in fp32 against transformers, as for bytes
     if family.strips_reasoning and summary["reasoning_before_a_user_turn"]:
         assert drifted["target_chars"] > 0, summary
