@@ -229,7 +229,9 @@ def _check_ours(
                 rollout.completion_ids[rollout.env_mask == 0].tolist(), skip_special_tokens=False
             )
             for output in outputs:
-                words = re.findall(r"[A-Za-z][A-Za-z ]{9,}", str(output["output"]))
+                # the answer's words, whatever quoting the template adds around them (a
+                # call of a tool the environment lacks is answered too: {"detail": ...})
+                words = re.findall(r"[A-Za-z][A-Za-z ]{2,}", str(output["output"]))
                 assert words and all(w in environment_text for w in words), environment_text
     assert statuses["ok"] >= len(played) / 2, statuses
     if family.reasoning_parser is not None:
