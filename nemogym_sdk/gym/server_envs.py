@@ -26,8 +26,7 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
+import functools
 import hashlib
 import importlib.util
 import json
@@ -43,6 +42,7 @@ from pathlib import Path
 
 import attrs
 
+from nemogym_sdk._filelock import exclusive
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.gym.errors import RequirementsInstallError, UvNotFoundError
 from nemogym_sdk.gym.locate import GymVenv, locate_environment
@@ -159,7 +159,10 @@ def prepare_server_environment(
     if _is_ready(target):
         return ServerEnvironment(server=server, python=python, root=target, reused=True)
     root.mkdir(parents=True, exist_ok=True)
-    with _locked(target.with_name(target.name + ".lock"), server):
+    waiting = functools.partial(
+        logger.info, "waiting for another process building the venv of %s", server
+    )
+    with exclusive(target.with_name(target.name + ".lock"), on_wait=waiting):
         if _is_ready(target):  # another process built it while we waited
             return ServerEnvironment(server=server, python=python, root=target, reused=True)
         began = time.monotonic()
@@ -257,21 +260,6 @@ def _metadata(venv: GymVenv, distribution: str, field: str) -> str | None:
 
 def _is_ready(target: Path) -> bool:
     return (target / STAMP_NAME).is_file() and (target / "bin" / "python").exists()
-
-
-@contextlib.contextmanager
-def _locked(lock_path: Path, server: str) -> Iterator[None]:
-    """An exclusive ``flock`` on ``lock_path`` (released by the kernel if we die)."""
-    with lock_path.open("a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            logger.info("waiting for another process building the venv of %s", server)
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _build(

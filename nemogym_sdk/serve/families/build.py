@@ -9,17 +9,16 @@ building once per machine. The cache root is ``$NEMOGYM_FAMILY_MODELS``, else
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nemogym_sdk._filelock import exclusive
 from nemogym_sdk.serve.families.family import Architecture, Family
 from nemogym_sdk.serve.families.vocab import bpe_tokenizer, ranks_path, require_vocab_deps
 from nemogym_sdk.serve.tiny import TINY_SHAPE, seeded_model
@@ -160,22 +159,11 @@ def cached_dir(
     if (target / _DONE).is_file():
         return target
     base.mkdir(parents=True, exist_ok=True)
-    with _exclusive(base / f".{target.name}.lock"):
+    with exclusive(base / f".{target.name}.lock"):
         if (target / _DONE).is_file():  # another builder finished while this one waited
             return target
         _build_into(target, base, name, build, {"family": family.name, "seed": seed})
     return target
-
-
-@contextlib.contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``lock_path`` (released when the process dies too)."""
-    with lock_path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _build_into(
