@@ -331,20 +331,18 @@ class ServeEngine:
         text = self.backend.decode(generation.token_ids)
         if generation.text_end is not None:
             text = text[: generation.text_end]
+        finish: FinishReason = _finish(generation.finish_reason)
         turn = self.parsers.turn(
             text,
-            finish_reason=_finish(generation.finish_reason),
+            finish_reason=finish,
             tools=request.tools,
             tool_choice=request.tool_choice,
             chat_template_kwargs=request.chat_template_kwargs,
             include_reasoning=request.include_reasoning,
             parallel_tool_calls=request.parallel_tool_calls,
         )
-        finish: FinishReason = (
-            "tool_calls"
-            if turn.finish_reason == "tool_calls"
-            else (_finish(generation.finish_reason))
-        )
+        if turn.finish_reason == "tool_calls":
+            finish = "tool_calls"
         answer = chat_completion_body(
             model=request.model or self.served_model_name,
             content=turn.content,

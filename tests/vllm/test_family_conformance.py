@@ -46,7 +46,7 @@ from transformers import AutoTokenizer
 from nemogym_sdk import DriftPolicy, parse_agent_response
 from nemogym_sdk.gym import GymStack, GymVenvNotFoundError, PolicyModel, find_gym_venv
 from nemogym_sdk.samplers import start_proxy, start_vllm
-from nemogym_sdk.samplers.vllm import VllmVenvNotFoundError, find_vllm_venv
+from nemogym_sdk.samplers.vllm import VllmVenv
 from nemogym_sdk.serve.families import FAMILIES, Family, taught_model_dir
 from nemogym_sdk.serve.record import read_records, turn_key
 from tests.fakes import Switch, switch
@@ -63,13 +63,15 @@ LOGPROBS_MODE = "processed_logprobs"
 
 
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Switch, GymStack]]:
-    """One NeMo Gym deployment of both environments, sampling through a switch."""
+def deployment(
+    vllm_venv: VllmVenv, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Switch, GymStack]]:
+    """One NeMo Gym deployment of both environments, sampling through a switch (after
+    ``vllm_venv``: without vLLM nothing starts)."""
     try:
-        find_vllm_venv()
         venv = find_gym_venv()
-    except (VllmVenvNotFoundError, GymVenvNotFoundError) as exc:
-        absent(f"the family conformance suite needs vLLM and NeMo Gym: {exc}")
+    except GymVenvNotFoundError as exc:
+        absent(f"the family conformance suite needs NeMo Gym: {exc}")
     with switch() as front:
         model = PolicyModel(base_url=front.base_url, model=SERVED)
         workdir = tmp_path_factory.mktemp("conformance-stack")
@@ -140,16 +142,21 @@ def _first_drift(raw: bytes) -> tuple[list[int], list[int], list[int]] | None:
     return None
 
 
+def _parting(seen: list[int], following: list[int]) -> int:
+    """The first position where the sampled history and the next prompt differ."""
+    return next(
+        (i for i, (a, b) in enumerate(zip(seen, following, strict=False)) if a != b),
+        min(len(seen), len(following)),
+    )
+
+
 def _cause(tokenizer: Any, family: Family, drift: tuple[list[int], list[int], list[int]]) -> str:
     """Why a history was not extended: the template's text equals what was sampled but
     tokenizes otherwise (a merge at a boundary), the turn's reasoning is gone from where the
     two part (the template strips it), a tool call was written again, or another
     re-render."""
     seen, generation, following = drift
-    part = next(
-        (i for i, (a, b) in enumerate(zip(seen, following, strict=False)) if a != b),
-        min(len(seen), len(following)),
-    )
+    part = _parting(seen, following)
 
     def spell(ids: list[int]) -> str:
         return str(tokenizer.decode(ids, skip_special_tokens=False))
@@ -169,7 +176,7 @@ def _cause(tokenizer: Any, family: Family, drift: tuple[list[int], list[int], li
 def _window(tokenizer: Any, drift: tuple[list[int], list[int], list[int]]) -> dict[str, str]:
     """The text of both sides around where they part (for the summary)."""
     seen, _, following = drift
-    part = next(i for i, (a, b) in enumerate(zip(seen, following, strict=False)) if a != b)
+    part = _parting(seen, following)
     around = slice(max(0, part - 8), part + 24)
     return {
         side: str(tokenizer.decode(ids[around], skip_special_tokens=False))
@@ -243,7 +250,7 @@ def _check_ours(
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_a_family_through_real_vllm_and_nemo_gym(
-    name: str, deployment: tuple[Switch, GymStack], tmp_path: Path
+    name: str, deployment: tuple[Switch, GymStack], vllm_venv: VllmVenv, tmp_path: Path
 ) -> None:
     family = FAMILIES[name]
     front, stack = deployment
@@ -253,7 +260,11 @@ def test_a_family_through_real_vllm_and_nemo_gym(
     proxy_args = [*_parser_flags(family, vllm=False), "--record", str(record)]
     try:
         with start_vllm(
-            model_dir, served_model_name=SERVED, extra_args=vllm_args, log_path=tmp_path / "v.log"
+            model_dir,
+            served_model_name=SERVED,
+            venv=vllm_venv,
+            extra_args=vllm_args,
+            log_path=tmp_path / "v.log",
         ) as vllm:
             with start_proxy(
                 vllm.base_url, model_dir, extra_args=proxy_args, log_path=tmp_path / "p.log"
