@@ -49,7 +49,6 @@ from nemogym_sdk.serve.tiny import save_tiny
 
 pytestmark = [pytest.mark.gym, pytest.mark.slow]
 
-SERVED = "nemogym-tiny"
 EOS = 258
 ROLLOUTS_PER_ROW = 4
 LOGPROBS_MODE = "processed_logprobs"
@@ -66,8 +65,7 @@ def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BackendProc
     model_dir = save_tiny(tmp_path_factory.mktemp("proxy-model") / "tiny", 0)
     log = tmp_path_factory.mktemp("proxy-vllm-log") / "vllm.log"
     with start_vllm(
-        model_dir,
-        served_model_name=SERVED,
+        model_dir,  # no served name: vLLM serves it under its path, as start_vllm says
         venv=venv,
         extra_args=("--logprobs-mode", LOGPROBS_MODE),
         log_path=log,
@@ -108,13 +106,16 @@ def test_proxy_keeps_every_rollout_contiguous_where_plain_vllm_drifts(
 ) -> None:
     """The same 5 rows x 4 rollouts of target_chars: proxy 0 drifted, plain vLLM > 0."""
     server, model_dir = vllm
+    served = server.served_model_name
+    cards = requests.get(f"{server.base_url}/models", timeout=10).json()["data"]
+    assert served == str(model_dir.resolve()) and [card["id"] for card in cards] == [served]
     record = tmp_path / "record.jsonl"
     proxy_args = ["--backend", "vllm", "--vllm-url", server.base_url, "--record", str(record)]
     proxy_server = start_serve(
         mode="sample",
         logprobs_mode=LOGPROBS_MODE,
         model=model_dir,
-        served_model_name=SERVED,
+        served_model_name=served,
         extra_args=proxy_args,
         log_path=tmp_path / "proxy.log",
     )
@@ -124,7 +125,7 @@ def test_proxy_keeps_every_rollout_contiguous_where_plain_vllm_drifts(
     ):
         rows = stack.example_rows("target_chars") * ROLLOUTS_PER_ROW
         ours = _run_all(stack.directory.agent_url("target_chars_agent"), rows)
-    plain_model = PolicyModel(base_url=server.base_url, model=SERVED)
+    plain_model = PolicyModel(base_url=server.base_url, model=served)
     with GymStack(["target_chars"], plain_model, workdir=tmp_path / "plain") as stack:
         plain = _run_all(stack.directory.agent_url("target_chars_agent"), rows)
 
@@ -152,5 +153,5 @@ def test_proxy_keeps_every_rollout_contiguous_where_plain_vllm_drifts(
                 key = turn_key(item["prompt_token_ids"], item["generation_token_ids"])
                 entry = records[key]
                 assert entry["logprobs_mode"] == LOGPROBS_MODE
-                assert entry["sampled_model"] == SERVED
+                assert entry["sampled_model"] == served
                 assert "seed" in entry["sampling"]  # type: ignore[operator]

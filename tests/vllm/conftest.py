@@ -16,7 +16,8 @@ Rules for tests that share it:
 Tests here that start a server of their own run before the first test that uses
 ``vllm_backend`` (``pytest_collection_modifyitems`` below), so that two vLLM servers never
 run at once. At the end of the session the fixture checks that stopping left no process of the
-server's group (API server, EngineCore, Worker, resource tracker) behind.
+server's group (API server, EngineCore, resource tracker, and a Worker with V1
+multiprocessing on) behind: ``stop()`` ends the whole group.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import pytest
 import requests
 
 from nemogym_sdk.gym import BackendProcess, VllmVenv, VllmVenvNotFoundError, find_vllm_venv
+from nemogym_sdk.processes import group_alive
 from nemogym_sdk.samplers.vllm import start_vllm
 from tests.require import absent
 
@@ -92,7 +94,7 @@ def vllm_backend(
         pids = group_pids(backend.pid)
         backend.stop(grace=10.0)
     left = [pid for pid in pids if pid_alive(pid)] + group_pids(backend.pid)
-    if left:
+    if left or group_alive(backend.pid):
         pytest.fail(f"vLLM left processes of group {backend.pid} behind: {sorted(set(left))}")
 
 

@@ -1,4 +1,5 @@
-"""start_vllm: real vLLM on a loopback port; token ids and logprobs; stopped by its group."""
+"""start_vllm: real vLLM on a loopback port; token ids and logprobs; one process group (the
+shared server's fixture checks that stopping it leaves none of the group behind)."""
 
 from __future__ import annotations
 
@@ -129,25 +130,17 @@ def test_completions_return_token_ids_and_logprobs_that_match_transformers(
     assert max(abs(a - b) for a, b in zip(got, expected, strict=True)) < 1e-4
 
 
-# --- start and stop: a server of its own -----------------------------------------------------
-
-
 @pytest.mark.gym
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_start_then_stop_leaves_no_process_of_its_group(
-    vllm_venv: VllmVenv, tiny_model_dir: Path, tmp_path: Path
-) -> None:
-    """vLLM runs as several processes (API server, EngineCore, Worker, resource tracker) in
-    one process group; the served name defaults to the model path; stop() leaves none of
-    the group's processes behind, as ps shows."""
-    log = tmp_path / "vllm.log"
-    with start_vllm(tiny_model_dir, venv=vllm_venv, log_path=log) as backend:
-        cards = requests.get(f"{backend.base_url}/models", timeout=10).json()["data"]
-        assert [card["id"] for card in cards] == [str(tiny_model_dir.resolve())]
-        pids = group_pids(backend.pid)
-        assert backend.pid in pids and len(pids) >= 3, pids
-        assert all(os.getpgid(pid) == backend.pid for pid in pids)
-    assert [pid for pid in pids if pid_alive(pid)] == []
-    assert group_pids(backend.pid) == [] and not group_alive(backend.pid)
-    assert "--enable-lora" in log.read_text()
+def test_the_server_is_one_process_group_with_runtime_lora(vllm_backend: BackendProcess) -> None:
+    """vLLM runs as several processes (API server, EngineCore, resource tracker; a Worker too
+    with V1 multiprocessing on) in one process group, the group ``stop()`` ends: the
+    ``vllm_backend`` fixture checks, when the session ends, that stopping it left none of
+    them behind. The server was started with runtime LoRA on."""
+    pids = group_pids(vllm_backend.pid)
+    assert vllm_backend.pid in pids and len(pids) >= 3, pids
+    assert all(os.getpgid(pid) == vllm_backend.pid for pid in pids)
+    assert all(pid_alive(pid) for pid in pids)
+    assert group_alive(vllm_backend.pid)
+    assert "--enable-lora" in vllm_backend.log_path.read_text()

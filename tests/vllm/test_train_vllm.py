@@ -1,5 +1,7 @@
 """nemogym-train with the vLLM backend: real vLLM samples, ``nemogym_sdk.serve --backend vllm``
 keeps the multi-turn prompts token-exact in front of it, real NeMo Gym plays target_chars.
+One sync run (two replicas behind the router) is audited by two tests; the async run is
+its own.
 
 The mismatch bound: learner and sampler hold the same fp32 weights and sample the same
 processed distribution; they differ in kernels (vLLM's CPU attention and LoRA ops against
@@ -46,12 +48,31 @@ def run_demo(tmp_path: Path, *flags: str) -> tuple[Path, list[dict[str, Any]]]:
     return out, [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_trainer_with_the_vllm_backend(vllm_venv: object, tmp_path: Path) -> None:
-    """2 steps: every rollout OK and 3 turns long, the served adapter version advances every
-    step, and the sampler-learner mismatch stays under the bound."""
-    out, steps = run_demo(tmp_path, "--steps", "2")
+@pytest.fixture(scope="module")
+def sync_run(
+    vllm_venv: object, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, list[dict[str, Any]], int]:
+    """One sync run audited by two tests: 3 steps on two vLLM replicas behind the router
+    (``--replicas 2``), or on one vLLM when ``vllm-router`` is absent; (out, metrics, replicas)."""
+    from nemogym_sdk.gym import RouterNotFoundError, find_router
+
+    try:
+        find_router()
+        replicas = 2
+    except RouterNotFoundError:
+        replicas = 1
+    tmp_path = tmp_path_factory.mktemp("sync-vllm")
+    out, steps = run_demo(tmp_path, "--steps", "3", "--replicas", str(replicas))
     print("steps:", [(s["reward_mean"], s["mismatch_max"], s["step_s"]) for s in steps])
-    assert [s["adapter_version"] for s in steps] == [1, 2]
+    return out, steps, replicas
+
+
+def test_trainer_with_the_vllm_backend(sync_run: tuple[Path, list[dict[str, Any]], int]) -> None:
+    """3 steps: every rollout OK and 3 turns long, the served adapter version advances every
+    step, and the sampler-learner mismatch stays under the bound whichever replica played a
+    group (each replica is published every version)."""
+    out, steps, _ = sync_run
+    assert [s["adapter_version"] for s in steps] == [1, 2, 3]
     for step in steps:
         assert step["failures"] == {} and step["rollouts"] == 8 and step["turns_mean"] == 3.0
         assert step["mismatch_max"] < MISMATCH_MAX, step
@@ -75,24 +96,14 @@ def test_async_trainer_with_the_vllm_backend(vllm_venv: object, tmp_path: Path) 
 
 
 def test_trainer_with_two_vllm_replicas_behind_the_router(
-    vllm_venv: object, tmp_path: Path
+    sync_run: tuple[Path, list[dict[str, Any]], int],
 ) -> None:
     """``--replicas 2``: two real vLLM servers behind ``vllm-router``, the proxy in front
-    splicing token-exact prompts and publishing every adapter to both. Every step samples
-    the learner's version at the fp32 bound whichever replica played a group, and the
-    router's consistent hashing spread the groups over both replicas."""
-    from nemogym_sdk.gym import RouterNotFoundError, find_router
-
-    try:
-        find_router()
-    except RouterNotFoundError as exc:
-        absent(f"{exc}; vLLM replica test skipped")
-    out, steps = run_demo(tmp_path, "--steps", "3", "--replicas", "2")
-    print("steps:", [(s["reward_mean"], s["mismatch_max"], s["step_s"]) for s in steps])
-    assert [s["adapter_version"] for s in steps] == [1, 2, 3]
-    for step in steps:
-        assert step["failures"] == {} and step["rollouts"] == 8 and step["turns_mean"] == 3.0
-        assert step["mismatch_max"] < MISMATCH_MAX, step
+    splicing token-exact prompts and publishing every adapter to both; the router's
+    consistent hashing spread the groups over both replicas."""
+    out, _, replicas = sync_run
+    if replicas < 2:
+        absent("vllm-router absent (make router-venv); the run had one vLLM")
     served = [
         (out / "logs" / f"replica-{i}.log").read_text().count("POST /v1/completions")
         for i in (0, 1)
