@@ -467,6 +467,7 @@ SURFACE: dict[str, set[str]] = {
         "PolicyLoss",
         "StepMetrics",
         "all_gather_array",
+        "episode_tokens",
         "learner_processing",
         "loss_normalizer",
         "policy_loss",

@@ -7,7 +7,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from nemogym_sdk import ConfigError
+from nemogym_sdk import ConfigError, DriftPolicy
 from nemogym_sdk.train.config import TrainConfig, parse_config, resolve_device
 
 
@@ -102,19 +102,36 @@ def test_cuda_indices_per_process_and_out_of_range(monkeypatch: pytest.MonkeyPat
 def test_the_sampler_reads_turns_with_the_familys_parsers_unless_told_otherwise() -> None:
     """The parsers the sampler is started with: the family's pair, a named one instead,
     ``none`` to turn one off; without a family, hermes tool calls as before."""
-    assert parse_config([]).parser_args() == ["--tool-call-parser", "hermes"]
+    assert parse_config([]).serve_args() == [
+        *("--tool-call-parser", "hermes"),
+        *("--history", "contiguous"),
+    ]
     family = parse_config(["--model-family", "qwen3.5"])
-    assert family.parser_args() == [
+    assert family.serve_args() == [
         *("--tool-call-parser", "qwen3_coder"),
+        *("--history", "contiguous"),
         *("--reasoning-parser", "qwen3"),
     ]
     r1 = parse_config(["--model-family", "deepseek-r1", "--tool-call-parser", "hermes"])
-    assert r1.parser_args() == [
+    assert r1.serve_args() == [
         *("--tool-call-parser", "hermes"),
+        *("--history", "contiguous"),
         *("--reasoning-parser", "deepseek_r1"),
     ]
     off = parse_config(["--model-family", "qwen3", "--reasoning-parser", "none"])
     assert off.output_parsers().reasoning is None and off.output_parsers().tool_calls == "hermes"
+
+
+def test_a_template_history_starts_the_sampler_so_and_forks_drifted_episodes() -> None:
+    """``--history template``: the sampler renders the template afresh, and an episode it
+    rewrote parses into traces (on_drift fork); contiguous keeps marking drift; anything else
+    is refused before anything starts."""
+    template = parse_config(["--history", "template"])
+    assert template.serve_args()[2:4] == ["--history", "template"]
+    assert template.engine_options().parse.on_drift is DriftPolicy.FORK
+    assert parse_config([]).engine_options().parse.on_drift is DriftPolicy.MARK
+    with pytest.raises(ConfigError, match="history must be 'contiguous' or 'template', got 'x'"):
+        parse_config(["--history", "x"])
 
 
 def test_the_deprecated_train_config_module_is_an_alias() -> None:

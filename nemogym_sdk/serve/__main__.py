@@ -144,6 +144,18 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument(
+        "--history",
+        choices=("contiguous", "template"),
+        default="contiguous",
+        help=(
+            "contiguous: each prompt continues the model's own tokens of the earlier turns "
+            "(trained = sampled; a template that rewrites history is not followed); template: "
+            "each prompt is the chat template's rendering, as plain vLLM's (an episode whose "
+            "history the template rewrites parses into several traces; parse with "
+            "on_drift='fork') (default: contiguous)"
+        ),
+    )
+    parser.add_argument(
         "--adapter-versions",
         type=int,
         default=1,
@@ -246,7 +258,8 @@ async def _serve(engine: ServeEngine, host: str, port: int) -> int:
     upstream += f" device={device}" if device is not None else ""
     print(
         f"nemogym_sdk.serve ready: model={engine.served_model_name} mode={engine.mode} "
-        f"base_url={server.base_url} logprobs={engine.logprobs_mode}{upstream}",
+        f"base_url={server.base_url} logprobs={engine.logprobs_mode} history={engine.history}"
+        f"{upstream}",
         flush=True,
     )
     try:
@@ -359,6 +372,7 @@ def _engine(args: argparse.Namespace) -> ServeEngine:
             reasoning=args.reasoning_parser,
             tool_calls=None if args.tool_call_parser == "none" else args.tool_call_parser,
         ),
+        history=args.history,
     )
 
 

@@ -15,6 +15,13 @@ The backend therefore splices, as NeMo RL's vLLM worker does (its ``_replace_pre
 
 so the next prompt starts with the previous ``prompt_token_ids + generation_token_ids``.
 
+That is the ``contiguous`` history (`HISTORIES`), the default: what is trained equals what
+was sampled, and a prompt may differ from the published template's rendering (a template
+that strips earlier reasoning keeps it here). The ``template`` history renders every prompt
+through the template, as plain vLLM does: each prompt is the published rendering, and where
+it rewrites an earlier turn the episode forks (``DriftPolicy.FORK``: one trace per part, each
+trained on the prompt its turns were sampled from).
+
 Everything here is a pure function over token ids and JSON messages; rendering is passed in as
 a callable so it can be unit-tested without a tokenizer.
 """
@@ -24,12 +31,14 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from nemogym_sdk.serve.errors import BadRequestError
 
 __all__ = [
+    "HISTORIES",
     "TOKEN_FIELDS",
+    "History",
     "RenderFn",
     "SpliceError",
     "build_prompt_ids",
@@ -40,6 +49,12 @@ __all__ = [
     "normalize_messages",
     "splice_prefix",
 ]
+
+History = Literal["contiguous", "template"]
+HISTORIES: tuple[History, ...] = ("contiguous", "template")
+"""How a prompt holds the conversation so far: ``contiguous`` splices the model's own tokens
+(every turn extends the last), ``template`` renders the template afresh (the published
+prompt; the episode forks where the template rewrites history)."""
 
 TOKEN_FIELDS = (
     "prompt_token_ids",

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from nemogym_sdk.errors import ConfigError
-from nemogym_sdk.serve.chat import count_assistant_turns
+from nemogym_sdk.serve.chat import HISTORIES, History, count_assistant_turns
 from nemogym_sdk.serve.errors import BadRequestError, NotFoundError, ServeError
 from nemogym_sdk.serve.interface import LOGPROBS_MODES, Generation, LogprobsMode, ModelBackend
 from nemogym_sdk.serve.parsers import OutputParsers
@@ -81,6 +81,7 @@ class ServeEngine:
         recorder: SamplingRecorder | None = None,
         versions: ServedVersions | None = None,
         parsers: OutputParsers | None = None,
+        history: History = "contiguous",
     ) -> None:
         """Configure the engine; ``seed`` seeds the draws for requests that send no ``seed``.
 
@@ -95,6 +96,9 @@ class ServeEngine:
         ``parsers`` reads reasoning and tool calls out of a generated turn as vLLM's
         ``--reasoning-parser`` and ``--tool-call-parser`` do (default: hermes tool calls, no
         reasoning parser); scripted mode writes hermes tool calls, so it takes no other.
+
+        ``history`` is how a prompt holds the conversation (`nemogym_sdk.serve.chat`):
+        ``contiguous`` splices the model's own tokens, ``template`` renders afresh.
         """
         if mode not in ("scripted", "sample"):
             raise ConfigError(f"mode must be 'scripted' or 'sample', got {mode!r}")
@@ -108,6 +112,9 @@ class ServeEngine:
                 "scripted mode writes hermes tool calls: serve it with --tool-call-parser hermes"
                 f" (got {self.parsers.tool_calls!r}), or sample with --mode sample"
             )
+        if history not in HISTORIES:
+            raise ConfigError(f"history must be one of {', '.join(HISTORIES)}, got {history!r}")
+        self.history: History = history
         if scripted_tool_turns < 0:
             raise ConfigError(f"scripted_tool_turns must be >= 0, got {scripted_tool_turns}")
         self.proxy: VllmBackend | None = backend if isinstance(backend, VllmBackend) else None
@@ -175,9 +182,12 @@ class ServeEngine:
             raise _NotLocalError("This route is answered by the vLLM server, not the engine.")
         return self._local
 
-    def _prompt(self, request: ChatRequest) -> list[int]:
-        return self.backend.prompt_ids(
-            request.messages,
+    def _prompt(self, request: ChatRequest | TokenizeRequest) -> list[int]:
+        """The prompt of ``request``'s messages: spliced onto the model's tokens, or the
+        template's rendering (``history``)."""
+        build = self.backend.prompt_ids if self.history == "contiguous" else self.backend.render
+        return build(
+            request.messages or (),
             tools=request.tools,
             add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message,
@@ -422,19 +432,13 @@ class ServeEngine:
     # ----------------------------------------------------------------- tokenize
 
     def tokenize(self, body: Any) -> dict[str, Any]:
-        """Answer a ``POST /tokenize`` body (chat messages get the same splice as generation)."""
+        """Answer a ``POST /tokenize`` body (chat messages get the prompt generation gets)."""
         request = TokenizeRequest.from_json(body)
         versioned = self.versions.resolve(request.model, ())
         if request.model is not None and self.proxy is None and versioned is None:
             self.resolve_model(request.model)  # 404 for a name that is not served
         if request.messages is not None:
-            ids = self.backend.prompt_ids(
-                request.messages,
-                tools=request.tools,
-                add_generation_prompt=request.add_generation_prompt,
-                continue_final_message=request.continue_final_message,
-                chat_template_kwargs=request.chat_template_kwargs,
-            )
+            ids = self._prompt(request)
         else:
             ids = self.backend.encode(
                 request.prompt or "", add_special_tokens=request.add_special_tokens

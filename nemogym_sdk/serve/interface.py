@@ -83,3 +83,15 @@ class ModelBackend(Protocol):
     ) -> list[int]:
         """Return the prompt for ``messages`` with the on-policy prefix splice applied."""
         ...
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None,
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """Render ``messages`` through the chat template and tokenize (no splice)."""
+        ...

@@ -281,6 +281,24 @@ class VllmBackend:
             chat_template_kwargs=chat_template_kwargs,
         )
 
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None,
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """The template's own rendering, locally (no splice)."""
+        return self.template.render(
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            chat_template_kwargs=chat_template_kwargs,
+        )
+
     # ----------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:

@@ -27,7 +27,7 @@ from nemogym_sdk.devices import parse_device, torch_device
 from nemogym_sdk.errors import DOCS_URL, ConfigError
 from nemogym_sdk.grpo import ImportanceSampling, LossType, PolicyLoss
 from nemogym_sdk.policy import VERSION_POLICIES
-from nemogym_sdk.records import ParseOptions
+from nemogym_sdk.records import DriftPolicy, ParseOptions
 from nemogym_sdk.rollout_engine.options import EngineOptions
 
 if TYPE_CHECKING:
@@ -90,6 +90,13 @@ class TrainConfig:
     """How the sampler reads tool calls, by vLLM's ``--tool-call-parser`` names (``hermes``,
     ``qwen3_coder``, ``llama3_json``; ``none``); default: the ``model_family``'s, else
     ``hermes``."""
+    history: str = "contiguous"
+    """How the sampler's prompts hold the conversation: ``contiguous`` continues the model's
+    own tokens of the earlier turns (what is trained is what was sampled), ``template``
+    renders the chat template afresh, as plain vLLM does (an episode whose history the
+    template rewrites is parsed into several traces, ``on_drift`` fork, each trained on the
+    prompt it was sampled from; docs/concepts/drift.md). An attached sampler
+    (``backend_url``) must be started with the same ``--history``."""
     backend: str = "transformers"
     """Who samples: ``transformers`` (``nemogym_sdk.serve``) or ``vllm`` (real vLLM; CPU
     needs ``make vllm-venv``)."""
@@ -223,6 +230,8 @@ class TrainConfig:
                 )
         parse_device(self.device)
         self.output_parsers()  # unknown parser names: a ConfigError before any server starts
+        if self.history not in ("contiguous", "template"):
+            raise ConfigError(f"history must be 'contiguous' or 'template', got {self.history!r}")
         self._check_async()
         self._check_replicas()
         self._check_trackers()
@@ -342,10 +351,10 @@ class TrainConfig:
             tool_calls=chosen(self.tool_call_parser, "tool_call_parser", "hermes"),
         )
 
-    def parser_args(self) -> list[str]:
-        """``nemogym_sdk.serve``'s flags for `output_parsers`."""
+    def serve_args(self) -> list[str]:
+        """``nemogym_sdk.serve``'s flags for `output_parsers` and ``history``."""
         parsers = self.output_parsers()
-        args = ["--tool-call-parser", parsers.tool_calls or "none"]
+        args = ["--tool-call-parser", parsers.tool_calls or "none", "--history", self.history]
         if parsers.reasoning is not None:
             args += ["--reasoning-parser", parsers.reasoning]
         return args
@@ -371,7 +380,10 @@ class TrainConfig:
             max_inflight=self.max_inflight,
             episode_timeout=self.episode_timeout,
             cut_stragglers=self.cut_stragglers,
-            parse=ParseOptions(max_completion_length=self.max_completion_length),
+            parse=ParseOptions(
+                on_drift=DriftPolicy.FORK if self.history == "template" else DriftPolicy.MARK,
+                max_completion_length=self.max_completion_length,
+            ),
         )
 
     @property

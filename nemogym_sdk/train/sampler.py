@@ -61,7 +61,7 @@ def sampler(config: TrainConfig, out: Path, device: str = "cpu") -> Iterator[str
             logprobs_mode="processed_logprobs",  # the distribution sampled from: what GRPO needs
             model=model,
             seed=config.seed,
-            extra_args=["--device", device, *_version_args(config), *config.parser_args()],
+            extra_args=["--device", device, *_version_args(config), *config.serve_args()],
             log_path=logs / "serve.log",
         ) as served:
             yield served.base_url
@@ -97,7 +97,7 @@ def _vllm_sampler(config: TrainConfig, out: Path, model: str | None, device: str
             model_dir,
             adapter_versions=config.adapter_versions,
             version_policy=config.version_policy,
-            extra_args=config.parser_args(),
+            extra_args=config.serve_args(),
             log_path=logs / "serve.log",
         ) as proxy,
     ):
@@ -121,7 +121,7 @@ def _replicated_sampler(
             replicas=config.replica_urls,
             adapter_versions=config.adapter_versions,
             version_policy=config.version_policy,
-            extra_args=config.parser_args(),
+            extra_args=config.serve_args(),
             log_path=logs / "serve.log",
         ) as proxy:
             yield proxy.base_url
@@ -142,7 +142,7 @@ def _replicated_sampler(
         max_lora_rank=next(r for r in (8, 16, 32, 64, 128, 256, 512) if r >= config.lora_rank),
         dtype=config.dtype,
         replica_args=replica_args,
-        proxy_args=config.parser_args(),
+        proxy_args=config.serve_args(),
         log_dir=logs,
     ) as fleet:
         yield fleet.base_url

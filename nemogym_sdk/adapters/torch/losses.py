@@ -24,7 +24,12 @@ token terms become one loss:
              -min(s_i A_i, clip(s_i) A_i) * w_i + beta * mean_t kl_it, mean over rows;
              w_i = exp(mean_t log w_it) is the sequence-level (geometric mean) IS weight
 
-Rows count when they have at least one policy token. With gradient accumulation or several
+Rows count when they have at least one policy token. An episode that forked (a template
+that rewrote its history, ``DriftPolicy.FORK``) is several rows, its traces, and still counts
+once: ``|o_i|`` above is the episode's policy tokens over all its traces, each trace counts
+as its share of them in "rows", and gspo weighs each trace's sequence term by that share. An
+episode's tokens are then trained exactly once with the weight they would have unforked.
+With gradient accumulation or several
 ranks the normaliser is the whole batch's (`loss_normalizer`), so micro-batches add up to
 exactly the full-batch loss. Everything is computed in at least float32: logprobs of a bf16
 model are cast up before any arithmetic. Which sampler logprobs each loss expects: those of
@@ -45,6 +50,7 @@ __all__ = [
     "LossTerms",
     "LossType",
     "PolicyLoss",
+    "episode_tokens",
     "loss_normalizer",
     "policy_loss",
     "policy_loss_terms",
@@ -70,6 +76,9 @@ class LossTerms:
     """Scalar: number of policy tokens."""
     rows: torch.Tensor
     """Scalar: number of rows with at least one policy token."""
+    episodes: torch.Tensor
+    """Scalar: the episodes those rows are, each row counted as its share of its episode's
+    policy tokens (equal to ``rows`` when no episode forked)."""
     clipped: torch.Tensor
     """Scalar: tokens (rows for gspo) whose clipped term was the one taken."""
     is_weight_sum: torch.Tensor
@@ -99,12 +108,24 @@ def policy_span(loss_mask_BT: torch.Tensor) -> int:
     return int((mask_BT * positions_T).max())
 
 
+def episode_tokens(episode_index_B: torch.Tensor, loss_mask_BT: torch.Tensor) -> torch.Tensor:
+    """``[B]`` the policy tokens of each row's episode over all its rows (``Batch.
+    episode_index``: a rollout and its forks share one), for ``episode_tokens_B``."""
+    tokens_B = loss_mask_BT.bool().sum(dim=1)
+    index_B = episode_index_B.to(device=tokens_B.device, dtype=torch.long)
+    if index_B.numel() == 0:
+        return tokens_B
+    per_episode = torch.zeros(int(index_B.max()) + 1, dtype=tokens_B.dtype, device=tokens_B.device)
+    return per_episode.index_add_(0, index_B, tokens_B)[index_B]
+
+
 def loss_normalizer(
     loss: PolicyLoss, tokens: float, rows: float, completion_length: int | None = None
 ) -> float:
     """The whole batch's normaliser for ``loss.loss_type`` (see the module docstring).
 
-    ``tokens`` and ``rows`` count policy tokens and rows with any, over every micro-batch and
+    ``tokens`` and ``rows`` count policy tokens and the episodes with any (``LossTerms.
+    episodes``: rows, a forked episode's rows counting once), over every micro-batch and
     rank; ``completion_length`` is the batch's `policy_span` (``dr_grpo`` without a
     configured ``max_completion_length``).
     """
@@ -128,6 +149,10 @@ class _Tokens:
     """``[B, T]`` zeros in the computation's dtype."""
     tokens: torch.Tensor
     """``[B]`` policy tokens per row."""
+    episode_tokens: torch.Tensor
+    """``[B]`` policy tokens of the row's episode, over all its rows (its traces)."""
+    share: torch.Tensor
+    """``[B]`` the row's share of its episode's policy tokens (1 when it did not fork)."""
     live: torch.Tensor
     """``[B]`` the row has a policy token."""
     advantages: torch.Tensor
@@ -179,9 +204,10 @@ def _gspo(t: _Tokens, loss: PolicyLoss) -> _Policy:
     policy_B = -torch.minimum(unclipped_B, clipped_B) * seq_weight_B
     kl_mean_B = (t.kl * t.mask).sum(dim=1) / denominator_B
     live = t.live.to(policy_B.dtype)
-    policy = (policy_B * live).sum()
+    counted = live * t.share  # a trace counts as its share of its episode
+    policy = (policy_B * counted).sum()
     return _Policy(
-        objective=policy + loss.beta * (kl_mean_B * live).sum(),
+        objective=policy + loss.beta * (kl_mean_B * counted).sum(),
         policy=policy,
         clipped=((clipped_B < unclipped_B) & t.live).sum(),
         is_weight_sum=(seq_weight_B * live).sum(),
@@ -200,7 +226,7 @@ def _per_token(t: _Tokens, loss: PolicyLoss) -> _Policy:
     policy_BT = torch.where(t.mask, policy_BT, t.zeros)
     total_BT = policy_BT + loss.beta * torch.where(t.mask, t.kl, t.zeros)
     if loss.loss_type is LossType.GRPO:
-        per_row_B = t.tokens.clamp(min=1).to(policy_BT.dtype)
+        per_row_B = t.episode_tokens.clamp(min=1).to(policy_BT.dtype)  # the episode's mean
         policy = (policy_BT.sum(dim=1) / per_row_B).sum()
         objective = (total_BT.sum(dim=1) / per_row_B).sum()
     else:
@@ -223,13 +249,16 @@ def policy_loss_terms(
     old_logprobs_BT: torch.Tensor | None = None,
     sampler_logprobs_BT: torch.Tensor | None = None,
     ref_logprobs_BT: torch.Tensor | None = None,
+    episode_tokens_B: torch.Tensor | None = None,
 ) -> LossTerms:
     """The un-normalised loss terms of some rows (see the module docstring for the formulas).
 
     ``logprobs_BT`` carries the gradient; ``old_logprobs_BT`` defaults to ``logprobs_BT``
     detached (on-policy); without ``sampler_logprobs_BT`` there is no IS correction and no
-    mismatch; ``ref_logprobs_BT`` is needed when ``loss.beta > 0``. Inputs in a type below
-    float32 (bf16, fp16) are cast to float32 first; float64 stays float64.
+    mismatch; ``ref_logprobs_BT`` is needed when ``loss.beta > 0``. ``episode_tokens_B`` is
+    each row's episode's policy tokens over all its rows (`episode_tokens`; default: the
+    row's own, as when no episode forked). Inputs in a type below float32 (bf16, fp16) are
+    cast to float32 first; float64 stays float64.
     """
     if ref_logprobs_BT is None and loss.beta > 0:
         raise ConfigError("beta > 0 needs reference logprobs (a reference model)")
@@ -251,10 +280,18 @@ def policy_loss_terms(
         )
         kl_BT = torch.exp(ref_delta_BT) - ref_delta_BT - 1.0
     tokens_B = mask_BT.sum(dim=1)
+    episode_B = tokens_B if episode_tokens_B is None else episode_tokens_B.to(tokens_B.device)
+    if bool((episode_B < tokens_B).any()):
+        raise ConfigError("episode_tokens_B must count at least each row's own policy tokens")
+    share_B = torch.where(
+        tokens_B > 0, tokens_B.to(dtype) / episode_B.clamp(min=1).to(dtype), zeros_BT[:, 0]
+    )
     t = _Tokens(
         mask=mask_BT,
         zeros=zeros_BT,
         tokens=tokens_B,
+        episode_tokens=episode_B,
+        share=share_B,
         live=tokens_B > 0,
         advantages=advantages_B.detach().to(dtype),
         log_ratio=torch.where(mask_BT, logprobs_BT - old_BT, zeros_BT),
@@ -270,6 +307,7 @@ def policy_loss_terms(
         kl_sum=torch.where(mask_BT, kl_BT, zeros_BT).sum().detach(),
         tokens=tokens_B.sum(),
         rows=t.live.sum(),
+        episodes=share_B.sum().detach(),
         clipped=part.clipped,
         is_weight_sum=part.is_weight_sum.detach(),
         is_limited=part.is_limited,
@@ -290,13 +328,15 @@ def policy_loss(
     old_logprobs_BT: torch.Tensor | None = None,
     sampler_logprobs_BT: torch.Tensor | None = None,
     ref_logprobs_BT: torch.Tensor | None = None,
+    episode_tokens_B: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The loss of one whole batch (normalised over these rows): a scalar with gradient.
 
     For micro-batches, use `policy_loss_terms` and divide by the whole batch's
     `loss_normalizer` (what `train_step` does). A batch without policy tokens gives 0.
     ``dr_grpo`` without ``max_completion_length`` divides by the `policy_span` of
-    ``loss_mask_BT``, as `train_step` does for the same batch.
+    ``loss_mask_BT``, as `train_step` does for the same batch. ``episode_tokens_B``: see
+    `policy_loss_terms` (a batch with forked episodes: `episode_tokens`).
     """
     terms = policy_loss_terms(
         logprobs_BT,
@@ -306,7 +346,8 @@ def policy_loss(
         old_logprobs_BT=old_logprobs_BT,
         sampler_logprobs_BT=sampler_logprobs_BT,
         ref_logprobs_BT=ref_logprobs_BT,
+        episode_tokens_B=episode_tokens_B,
     )
     span = policy_span(loss_mask_BT)
-    normalizer = loss_normalizer(loss, float(terms.tokens), float(terms.rows), span)
+    normalizer = loss_normalizer(loss, float(terms.tokens), float(terms.episodes), span)
     return terms.objective / normalizer if normalizer else terms.objective * 0.0

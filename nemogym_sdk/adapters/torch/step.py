@@ -153,7 +153,9 @@ def train_step(
     old_BT = _old_logprobs(old_logprobs, batch)
     loss_mask_BT = batch.loss_mask  # completion_mask * env_mask * ok, computed once per step
     rows = _trainable_rows(batch, loss_mask_BT, loss)
-    normalizer = _normalizer(loss_mask_BT[rows], loss, device, collective)
+    episode_tokens_B = _episode_tokens(batch, loss_mask_BT, rows)
+    episodes = float((loss_mask_BT[rows].sum(axis=1) / episode_tokens_B[rows]).sum())
+    normalizer = _normalizer(loss_mask_BT[rows], episodes, loss, device, collective)
 
     optimizer.zero_grad(set_to_none=True)
     began = time.perf_counter()
@@ -175,6 +177,7 @@ def train_step(
             processing={"temperature": temperature, "top_p": top_p},
             ref_model=ref_model,
             old_BT=old_BT,
+            episode_tokens_B=episode_tokens_B if start >= 0 else None,
         )
         if start < 0:  # an empty pass of a sharded model: its collectives, no gradient
             if normalizer > 0:
@@ -240,12 +243,29 @@ def _old_logprobs(
     return old_BT
 
 
+def _episode_tokens(
+    batch: Batch, loss_mask_BT: npt.NDArray[np.int8], rows: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
+    """``[B]`` the policy tokens of each row's episode over its rows in the loss (a rollout
+    and its forks share ``episode_index``; whole groups, so whole episodes, are on a rank)."""
+    tokens_B = np.zeros(len(batch), dtype=np.int64)
+    tokens_B[rows] = loss_mask_BT[rows].sum(axis=1)
+    _, episode_B = np.unique(batch.episode_index, return_inverse=True)
+    episode_B = episode_B.reshape(-1)
+    return np.bincount(episode_B, weights=tokens_B).astype(np.int64)[episode_B]
+
+
 def _normalizer(
-    kept_BT: npt.NDArray[np.int8], loss: PolicyLoss, device: torch.device, collective: bool
+    kept_BT: npt.NDArray[np.int8],
+    episodes: float,
+    loss: PolicyLoss,
+    device: torch.device,
+    collective: bool,
 ) -> float:
-    """The whole batch's normaliser over the rows in the loss of every rank."""
+    """The whole batch's normaliser over the rows in the loss of every rank (``episodes``:
+    those rows as episodes, a forked episode's rows counting once)."""
     tokens, row_count = all_reduce_values(
-        [float(kept_BT.sum()), float(kept_BT.shape[0])],
+        [float(kept_BT.sum()), episodes],
         dist.ReduceOp.SUM,
         device,
         enabled=collective,
@@ -295,6 +315,7 @@ def _micro_batch(
     processing: dict[str, Any],
     ref_model: Reference,
     old_BT: torch.Tensor | None,
+    episode_tokens_B: npt.NDArray[np.int64] | None,
 ) -> LossTerms:
     def rows_of(array: npt.NDArray[Any], dtype: torch.dtype) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array[picked])).to(device=device, dtype=dtype)
@@ -324,6 +345,9 @@ def _micro_batch(
         old_logprobs_BT=old_bT,
         sampler_logprobs_BT=rows_of(batch.logprobs, torch.float32),
         ref_logprobs_BT=ref_bT,
+        episode_tokens_B=None
+        if episode_tokens_B is None
+        else rows_of(episode_tokens_B, torch.long),
     )
 
 

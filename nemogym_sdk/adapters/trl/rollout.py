@@ -135,8 +135,10 @@ class NemoGymRolloutFunc:
             raise ConfigError("make_rollout_func needs the rows of the training dataset")
         if DriftPolicy(on_drift) is DriftPolicy.FORK:
             raise ConfigError(
-                "on_drift='fork' adds samples, but TRL trains on exactly one completion per "
-                "prompt; use 'mark' (drifted rollouts are unscorable) or 'raise'"
+                "on_drift='fork' makes an episode several rows (its traces), but TRL takes "
+                "exactly one completion per prompt and computes each group's baseline over its "
+                "rows, so the episode would count several times; use 'mark' (drifted rollouts "
+                "are left out) or 'raise', with a contiguous sampler (docs/concepts/drift.md)"
             )
         self._agents = agents
         self._default_agent = default_agent
