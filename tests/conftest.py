@@ -17,14 +17,13 @@ import os
 # core (266 s against 28 s, benchmarks/README.md "Test suite"). Passive waiting sleeps instead.
 # Set before anything imports torch (libgomp reads it once); subprocesses inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-# One torch thread per process: the tiny models gain nothing from intra-op threads, and two
-# workers each running a learner beside a sampler oversubscribe two cores (a run of the
-# trainer, fault and judge modules: 175 s with torch's default of 2 threads, 152 s with 1).
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+# (torch keeps its default of one thread per core: a run of the whole suite with one thread
+# per process was slower, 1473 s against 1341 s, though the same CPU work takes less CPU on
+# one thread; where a worker waits, the other's second thread uses the idle core. Teaching a
+# family alone: 23 s wall and 38 s CPU on two threads, 33 s and 31 s on one.)
 # vLLM on a CPU runs its model worker in a process of its own unless V1 multiprocessing is
 # off; off, the worker runs inside the EngineCore process, one fewer process importing vLLM
-# (ready in ~15 s instead of ~22 s; tests/vllm's start, LoRA and trainer files with
-# tests/serve/test_vllm_real.py, one thread each: 186 s instead of 255 s). The
+# (the tiny model's server answers in ~15 s instead of ~22 s, alone on this machine). The
 # server, its routes, LoRA and logprobs are the same; tests/vllm/test_start_vllm.py checks the
 # process group either way.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
