@@ -76,7 +76,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "processes": frozenset({"core", "io", "processes"}),
     "samplers": frozenset({"core", "io", "processes", "samplers"}),
     "gym": frozenset({"core", "io", "processes", "samplers", "gym"}),
-    "testing": frozenset({"core", "io", "testing"}),
+    "testing": frozenset({"core", "io", "serve", "testing"}),
     "adapters": frozenset({"core"}),
     "adapters.torch": frozenset({"core", "logits", "adapters.torch"}),
     "adapters.trl": frozenset({"core", "io", "lora", "adapters.trl"}),

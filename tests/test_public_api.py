@@ -458,6 +458,7 @@ SURFACE: dict[str, set[str]] = {
         "rollouts",
         "scored_rollout",
         "sdk_parser",
+        "templated_episodes",
         "seed_dict_samples",
     },
     "nemogym_sdk.adapters.torch": {

@@ -7,7 +7,8 @@ imported by ``import nemogym_sdk``.
   float or integer rewards, and the exact sample each must give), ``drifted_episodes()``,
   ``failures()`` (failure shapes and their ``RolloutStatus``), ``mangled_responses()``,
   ``json_values()``, ``raw_responses()``; ``rollouts()``, ``reward_groups()``,
-  ``grouped_rollouts()`` for collation and GRPO code.
+  ``grouped_rollouts()`` for collation and GRPO code; ``templated_episodes(tokenizer)``
+  (conversations a real chat template renders, drifting for its real reasons).
 - Property checks for any ``response -> sample`` function: ``Parser``, ``check_all``,
   ``find_failures`` and the single checks in ``CHECKS`` (``nemogym_sdk.testing.checks``),
   each testing one property so that one failure cannot hide another;
@@ -79,6 +80,7 @@ from nemogym_sdk.testing.responses import (
     mangled_responses,
     raw_responses,
 )
+from nemogym_sdk.testing.templated import templated_episodes
 
 __all__ = [
     "BINARY_OR_GRID",
@@ -128,5 +130,6 @@ __all__ = [
     "rollouts",
     "scored_rollout",
     "sdk_parser",
+    "templated_episodes",
     "seed_dict_samples",
 ]

@@ -34,6 +34,12 @@ Inputs that must not be trained as they are:
 - ``never_crashes[dicts]`` and ``never_crashes[bytes]`` (when ``Parser.takes_bytes``):
   malformed input never raises anything but a declared rejection; the failure shows it.
 
+With ``tokenizer=`` (a fast tokenizer with a chat template, e.g. a model family's), the
+episode checks draw real conversations instead of small integers (``templated_episodes``):
+the well-formed ones through the sampler's contiguous history, ``drift_rejected[kind]``
+through the template's own rendering, where each kind of drift happens for its real reason
+(``stripped`` needs ``reasoning_parser=``; without one that member draws as before).
+
 A parser that differs from a check on purpose says so in ``Parser.differences`` (check
 name, or a family such as ``"failures_not_trained"``, -> why); those checks are left out
 and all the others still run. The checks never run under a Hypothesis deadline (a slow
@@ -53,7 +59,7 @@ from hypothesis import strategies as st
 
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.testing import properties
-from nemogym_sdk.testing.episodes import DRIFT_KINDS, drifted_episodes, episodes
+from nemogym_sdk.testing.episodes import DRIFT_KINDS, DriftKind, drifted_episodes, episodes
 from nemogym_sdk.testing.parsers import Parser, PropertyCheckError
 from nemogym_sdk.testing.responses import (
     FAILURE_KINDS,
@@ -62,6 +68,7 @@ from nemogym_sdk.testing.responses import (
     mangled_responses,
     raw_responses,
 )
+from nemogym_sdk.testing.templated import templated_episodes
 
 __all__ = [
     "CHECKS",
@@ -98,6 +105,9 @@ class _Check:
     ``_MIN_EXAMPLES``), so that every member is tried even in a short run (drawn from one
     strategy, Hypothesis favours some kinds and a 100-example run could miss one)."""
     applies: Callable[[Parser], bool] = lambda parser: True
+    templated: Callable[[Any, str | None], st.SearchStrategy[Any] | None] | None = None
+    """``(tokenizer, reasoning_parser) -> strategy`` of real conversations for this check
+    (None, or a None result: the check draws from ``strategy``)."""
 
     @property
     def family(self) -> str:
@@ -106,7 +116,26 @@ class _Check:
 
 
 def _well_formed(name: str, body: Callable[[Parser, Any], None], **options: Any) -> _Check:
-    return _Check(name=name, strategy=episodes(**({"max_turns": 4} | options)), body=body)
+    def templated(tokenizer: Any, reasoning_parser: str | None) -> st.SearchStrategy[Any]:
+        kept = {k: v for k, v in options.items() if k in ("logprobs", "max_turns")}
+        return templated_episodes(
+            tokenizer, history="contiguous", reasoning_parser=reasoning_parser, **kept
+        )
+
+    strategy = episodes(**({"max_turns": 4} | options))
+    return _Check(name=name, strategy=strategy, body=body, templated=templated)
+
+
+def _drifting(kind: DriftKind) -> Callable[[Any, str | None], st.SearchStrategy[Any] | None]:
+    """Conversations rendered by the template in which the first drift is of ``kind``."""
+
+    def templated(tokenizer: Any, reasoning_parser: str | None) -> st.SearchStrategy[Any] | None:
+        if kind == "stripped" and reasoning_parser is None:
+            return None  # nothing to strip
+        drawn = templated_episodes(tokenizer, reasoning_parser=reasoning_parser)
+        return drawn.filter(lambda e: bool(e.drift_kinds) and e.drift_kinds[0][1] == kind)
+
+    return templated
 
 
 _FAILURE_KINDS = tuple(k for k in FAILURE_KINDS if k != "logprob_count_mismatch")
@@ -128,6 +157,7 @@ _ALL: tuple[_Check, ...] = (
             strategy=drifted_episodes(drift_kinds=(kind,)),
             body=properties.drift_rejected,
             share=len(DRIFT_KINDS),
+            templated=_drifting(kind),
         )
         for kind in DRIFT_KINDS
     ),
@@ -175,11 +205,31 @@ def _settings(user: hypothesis.settings | None, share: int) -> hypothesis.settin
         deadline=None,
         report_multiple_bugs=False,
         max_examples=examples,
-        suppress_health_check=[*base.suppress_health_check, HealthCheck.too_slow],
+        suppress_health_check=[
+            *base.suppress_health_check,
+            HealthCheck.too_slow,
+            HealthCheck.filter_too_much,  # a kind of drift drawn from a real template
+        ],
     )
 
 
-def _run(check: _Check, parser: Parser, settings: hypothesis.settings | None) -> None:
+@attrs.frozen(kw_only=True)
+class _Source:
+    """Where the episode checks draw from: small integers, or a tokenizer's conversations."""
+
+    tokenizer: Any = None
+    reasoning_parser: str | None = None
+
+    def strategy(self, check: _Check) -> st.SearchStrategy[Any]:
+        if self.tokenizer is None or check.templated is None:
+            return check.strategy
+        drawn = check.templated(self.tokenizer, self.reasoning_parser)
+        return check.strategy if drawn is None else drawn
+
+
+def _run(
+    check: _Check, parser: Parser, settings: hypothesis.settings | None, source: _Source
+) -> None:
     """Run ``check`` under Hypothesis; raise ``PropertyCheckError`` with the shrunk
     counterexample (Hypothesis replays the minimal one last)."""
     failing: list[tuple[Any, str]] = []
@@ -194,7 +244,10 @@ def _run(check: _Check, parser: Parser, settings: hypothesis.settings | None) ->
     # a name of its own: Hypothesis keys its example database by the test's name
     ident = check.name.replace("[", "__").replace("]", "")
     run.__name__ = run.__qualname__ = f"check_{ident}"
-    test = hypothesis.settings(_settings(settings, check.share))(given(check.strategy)(run))
+    strategy = source.strategy(check)
+    if strategy is not check.strategy:
+        run.__name__ = run.__qualname__ = f"check_{ident}__templated"
+    test = hypothesis.settings(_settings(settings, check.share))(given(strategy)(run))
     try:
         test()
     except AssertionError as exc:
@@ -241,7 +294,7 @@ def _planned(parser: Parser, only: Iterable[str] | None) -> list[str]:
 def _leaf(check: _Check) -> Callable[..., None]:
     def run(parser: Parser, *, settings: hypothesis.settings | None = None) -> None:
         if check.name in _planned(parser, [check.name]):
-            _run(check, parser, settings)
+            _run(check, parser, settings, _Source())
 
     run.__name__ = run.__qualname__ = f"check_{check.name}"
     run.__doc__ = (
@@ -261,14 +314,19 @@ def find_failures(
     *,
     settings: hypothesis.settings | None = None,
     only: Iterable[str] | None = None,
+    tokenizer: Any = None,
+    reasoning_parser: str | None = None,
 ) -> dict[str, PropertyCheckError]:
     """Run every check (or those ``only`` names, checks or families) on ``parser``, each
     on its own; the ones that failed, by name, with their counterexamples. Checks that
-    ``parser.differences`` declares are not run."""
+    ``parser.differences`` declares are not run. With ``tokenizer`` the episode checks
+    draw its chat template's conversations (see the module docstring); ``reasoning_parser``
+    (vLLM's name, e.g. ``qwen3``) when its model writes ``<think>`` blocks."""
+    source = _Source(tokenizer=tokenizer, reasoning_parser=reasoning_parser)
     found: dict[str, PropertyCheckError] = {}
     for name in _planned(parser, only):
         try:
-            _run(_BY_NAME[name], parser, settings)
+            _run(_BY_NAME[name], parser, settings, source)
         except PropertyCheckError as failure:
             found[name] = failure
     return found
@@ -279,14 +337,23 @@ def check_all(
     *,
     settings: hypothesis.settings | None = None,
     only: Iterable[str] | None = None,
+    tokenizer: Any = None,
+    reasoning_parser: str | None = None,
 ) -> list[str]:
     """Run every check (or those ``only`` names); raise one ``AssertionError`` listing
-    each failure with its input. Returns the names of the checks that ran."""
+    each failure with its input. Returns the names of the checks that ran. ``tokenizer``
+    and ``reasoning_parser``: as for `find_failures`."""
     ran = _planned(parser, only)
     skipped = {n: why for n, why in _declared(parser).items() if n in _select(only)}
     for name, why in skipped.items():
         logger.info("%s: %s not run (declared difference: %s)", parser.name, name, why)
-    found = find_failures(parser, settings=settings, only=only)
+    found = find_failures(
+        parser,
+        settings=settings,
+        only=only,
+        tokenizer=tokenizer,
+        reasoning_parser=reasoning_parser,
+    )
     if found:
         notes = "".join(f"\n  {n}: {why}" for n, why in skipped.items())
         raise AssertionError(
