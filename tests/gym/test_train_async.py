@@ -6,10 +6,10 @@ The learning bar: the last 5 steps' mean reward beats the first 5's by at least 
 synchronous run's is 0.3, ``tests/gym/test_training.py``). An async run's curve depends on how
 far the engine plays ahead, which the machine's load decides: three runs of the same test
 gained 0.23 (in the full suite, where 0.3 failed it), 0.39 and 0.72; the first 5 steps' mean
-is about 0.11, so 0.2 is still a curve that more than doubles. Stale tokens are corrected by importance
-weights, so the sampler-learner mismatch is no longer ~1e-5 (the tokens come from an older
-adapter); what must hold is that every token knows its version and none is more than K
-versions behind.
+is about 0.11, so 0.2 is still a curve that more than doubles. Stale tokens are corrected
+by importance weights, so the sampler-learner mismatch is no longer ~1e-5 (the tokens come
+from an older adapter); what must hold is that every token knows its version and none is
+more than K versions behind.
 """
 
 from __future__ import annotations
