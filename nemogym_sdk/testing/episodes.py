@@ -242,16 +242,28 @@ def _episodes(
         prompts.append(prompt)
         generations.append(generation)
         lps_per_turn.append(lps)
-    reward = draw(rewards)
+    return _assemble(output, prompts, generations, lps_per_turn, drifts, draw(rewards))
+
+
+def _assemble(
+    output: list[dict[str, Any]],
+    prompts: list[list[int]],
+    generations: list[list[int]],
+    logprobs: list[list[float]],
+    drifts: list[tuple[int, DriftKind]],
+    reward: float,
+    first_input: str = "hi",
+) -> Episode:
+    """The ``Episode`` of a drawn ``/run`` output and its per-turn facts."""
     return Episode(
         response={
-            "responses_create_params": {"input": "hi"},
+            "responses_create_params": {"input": first_input},
             "response": {"output": output},
             "reward": reward,
         },
         prompts=tuple(map(tuple, prompts)),
         generations=tuple(map(tuple, generations)),
-        logprobs=tuple(map(tuple, lps_per_turn)),
+        logprobs=tuple(map(tuple, logprobs)),
         drift_turns=frozenset(turn for turn, _ in drifts),
         drift_kinds=tuple(drifts),
         reward=reward,

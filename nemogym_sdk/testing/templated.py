@@ -33,7 +33,14 @@ from typing import Any, Literal
 from hypothesis import strategies as st
 
 from nemogym_sdk.errors import ConfigError
-from nemogym_sdk.testing.episodes import JSON_REWARDS, LOGPROBS, DriftKind, Episode
+from nemogym_sdk.testing.episodes import (
+    JSON_REWARDS,
+    LOGPROBS,
+    DriftKind,
+    Episode,
+    _assemble,
+    _model_item,
+)
 
 __all__ = ["WEATHER_TOOL", "WORDS", "drift_kind", "templated_episodes"]
 
@@ -212,7 +219,7 @@ class _Play:
         )
         tool_calls = [
             {
-                "id": f"call_{turn}_{i}",
+                "id": f"c{turn}" if i == 0 else f"c{turn}_{i}",  # the first: the item's call_id
                 "type": "function",
                 "function": {"name": call.name, "arguments": call.arguments},
             }
@@ -229,23 +236,6 @@ class _Play:
         if tool_calls:
             message["tool_calls"] = tool_calls
         return message, reasoning, tool_calls
-
-
-def _item(
-    turn: int, prompt: list[int], generation: list[int], lps: list[float], called: bool
-) -> dict[str, Any]:
-    head: dict[str, Any]
-    if called:
-        head = {"type": "function_call", "name": "get_weather", "arguments": "{}"}
-        head["call_id"] = f"call_{turn}_0"
-    else:
-        text = {"type": "output_text", "text": f"turn {turn}", "annotations": []}
-        head = {"type": "message", "role": "assistant", "content": [text]}
-    return head | {
-        "prompt_token_ids": prompt,
-        "generation_token_ids": generation,
-        "generation_log_probs": lps,
-    }
 
 
 @st.composite
@@ -282,7 +272,8 @@ def _episodes(
         message, reasoning, tool_calls = play.message(text, prompt, generation, turn)
         reasoned = bool(reasoning)
         messages.append(message)
-        output.append(_item(turn, prompt, generation, lps, bool(tool_calls)))
+        item_kind = "function_call" if tool_calls else "message"
+        output.append(_model_item(item_kind, turn, prompt, generation, lps))
         for call in tool_calls:
             answer = draw(_text())
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": answer})
@@ -293,16 +284,5 @@ def _episodes(
         generations.append(generation)
         lps_per_turn.append(lps)
     reward = draw(rewards)
-    return Episode(
-        response={
-            "responses_create_params": {"input": messages[0]["content"]},
-            "response": {"output": output},
-            "reward": reward,
-        },
-        prompts=tuple(map(tuple, prompts)),
-        generations=tuple(map(tuple, generations)),
-        logprobs=tuple(map(tuple, lps_per_turn)),
-        drift_turns=frozenset(turn for turn, _ in drifts),
-        drift_kinds=tuple(drifts),
-        reward=reward,
-    )
+    first = messages[0]["content"]
+    return _assemble(output, prompts, generations, lps_per_turn, drifts, reward, first)

@@ -41,6 +41,7 @@ from nemogym_sdk.adapters.torch.logprobs import (
 from nemogym_sdk.adapters.torch.losses import (
     LossTerms,
     PolicyLoss,
+    episode_tokens,
     loss_normalizer,
     policy_loss_terms,
     policy_span,
@@ -153,8 +154,12 @@ def train_step(
     old_BT = _old_logprobs(old_logprobs, batch)
     loss_mask_BT = batch.loss_mask  # completion_mask * env_mask * ok, computed once per step
     rows = _trainable_rows(batch, loss_mask_BT, loss)
-    episode_tokens_B = _episode_tokens(batch, loss_mask_BT, rows)
-    episodes = float((loss_mask_BT[rows].sum(axis=1) / episode_tokens_B[rows]).sum())
+    kept_BT = np.zeros_like(loss_mask_BT)
+    kept_BT[rows] = loss_mask_BT[rows]  # the rows in the loss; a whole group is on a rank
+    episode_tokens_B = episode_tokens(
+        torch.from_numpy(np.array(batch.episode_index, dtype=np.int64)), torch.from_numpy(kept_BT)
+    ).numpy()
+    episodes = float(len(np.unique(batch.episode_index[rows])))  # a forked one counts once
     normalizer = _normalizer(loss_mask_BT[rows], episodes, loss, device, collective)
 
     optimizer.zero_grad(set_to_none=True)
@@ -241,18 +246,6 @@ def _old_logprobs(
             f"{batch.completion_ids.shape}, got {tuple(old_BT.shape)}"
         )
     return old_BT
-
-
-def _episode_tokens(
-    batch: Batch, loss_mask_BT: npt.NDArray[np.int8], rows: npt.NDArray[np.int64]
-) -> npt.NDArray[np.int64]:
-    """``[B]`` the policy tokens of each row's episode over its rows in the loss (a rollout
-    and its forks share ``episode_index``; whole groups, so whole episodes, are on a rank)."""
-    tokens_B = np.zeros(len(batch), dtype=np.int64)
-    tokens_B[rows] = loss_mask_BT[rows].sum(axis=1)
-    _, episode_B = np.unique(batch.episode_index, return_inverse=True)
-    episode_B = episode_B.reshape(-1)
-    return np.bincount(episode_B, weights=tokens_B).astype(np.int64)[episode_B]
 
 
 def _normalizer(
