@@ -258,10 +258,19 @@ def test_wait_for_publish_waits_for_another_threads_publish_and_close_ends_the_w
 ) -> None:
     """A learner that publishes from another thread (a trainer callback) while this one
     prefetches: the step waits for the publish instead of calling it a stall; closing the
-    engine ends a wait with ``EngineClosedError``, never a hang."""
+    engine ends a wait with ``EngineClosedError``, never a hang, and only once the other
+    thread's ``close`` has finished, so the client may close at once (it once raced it)."""
     from nemogym_sdk import EngineClosedError
 
     client = serve(Agent({"t0": [0.01]}))
+    closes: list[Any] = []
+
+    def close() -> None:
+        try:
+            closes.append(engine.close())
+        except BaseException as error:  # noqa: BLE001 - the test reports it
+            closes.append(error)
+
     with client:
         engine = RolloutEngine(
             client, rows(1), EngineOptions(num_generations=2, groups_per_step=1), eos_token_id=EOS
@@ -273,9 +282,12 @@ def test_wait_for_publish_waits_for_another_threads_publish_and_close_ends_the_w
         assert step.groups[0].index == 1 and time.monotonic() - began >= 0.25
         with pytest.raises(TimeoutError):
             engine.next_step(timeout=0.2, wait_for_publish=True)
-        threading.Timer(0.3, engine.close).start()
+        closer = threading.Timer(0.3, close)
+        closer.start()
         with pytest.raises(EngineClosedError, match="closed while step 2 waited"):
             engine.next_step(timeout=10, wait_for_publish=True)
+    closer.join(timeout=10)
+    assert len(closes) == 1 and closes[0].requeue == (), closes
 
 
 @pytest.mark.parametrize(

@@ -113,6 +113,7 @@ class RolloutEngine:
         self._episodes = 0  # episodes in flight
         self._error: BaseException | None = None
         self._closing = False
+        self._closed = threading.Event()  # set when close() has returned its leftover
         self._tasks: set[asyncio.Task[None]] = set()
         self._members: dict[int, list[Rollout | None]] = {}
         self._member_tasks: dict[int, list[asyncio.Task[None]]] = {}
@@ -168,10 +169,7 @@ class RolloutEngine:
                 if self._error is not None:
                     raise self._error
                 if self._closing:
-                    raise EngineClosedError(
-                        f"the rollout engine was closed while step {self._steps} waited for "
-                        "its groups"
-                    )
+                    break
                 if self._stalled() and not wait_for_publish:
                     raise EngineStalledError(
                         f"step {self._steps} needs {self.options.groups_per_step} groups but "
@@ -183,19 +181,30 @@ class RolloutEngine:
                 if left is not None and left <= 0:
                     raise TimeoutError(f"no step ready after {timeout} s")
                 self._cond.wait(left)
-            groups = self._take()
-            window = self._window.close(self._episodes)
-            step = EngineStep(
-                step=self._steps,
-                groups=groups,
-                waited_s=time.monotonic() - began,
-                in_flight=self._episodes,
-                inflight_mean=window.inflight_mean,
-                idle_fraction=window.idle_fraction,
-                groups_started=window.groups_started,
-                cut=window.cut,
-            )
-            self._steps += 1
+            else:
+                return self._hand_out(began)
+        # Closed while waiting: raise once close() has finished (on whichever thread called
+        # it), so that the caller may close the client next without racing it.
+        self._closed.wait()
+        raise EngineClosedError(
+            f"the rollout engine was closed while step {self._steps} waited for its groups"
+        )
+
+    def _hand_out(self, began: float) -> EngineStep:
+        """The next step from the finished groups (under the lock, when ready)."""
+        groups = self._take()
+        window = self._window.close(self._episodes)
+        step = EngineStep(
+            step=self._steps,
+            groups=groups,
+            waited_s=time.monotonic() - began,
+            in_flight=self._episodes,
+            inflight_mean=window.inflight_mean,
+            idle_fraction=window.idle_fraction,
+            groups_started=window.groups_started,
+            cut=window.cut,
+        )
+        self._steps += 1
         return step
 
     def pending(self) -> tuple[tuple[int, ...], int]:
@@ -211,6 +220,12 @@ class RolloutEngine:
 
         Returns what was not trained; logs the counts.
         """
+        try:
+            return self._close(drain)
+        finally:
+            self._closed.set()
+
+    def _close(self, drain: bool) -> Leftover:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
