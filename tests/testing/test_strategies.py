@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import find, given
+from hypothesis import Phase, find, given, settings
 
 from nemogym_sdk import DriftPolicy, RolloutStatus, parse_agent_response
 from nemogym_sdk.testing import (
@@ -82,11 +82,19 @@ def test_raw_responses_never_break_our_parser(raw: bytes) -> None:
         assert rollout.status is RolloutStatus.INVALID
 
 
+FIRST_FOUND = settings(phases=[Phase.generate], database=None)
+"""A search that keeps the first example it finds: shrinking it would prove nothing more."""
+
+
 def test_rewards_are_drawn_as_json_carries_them() -> None:
     """Episodes draw float rewards and integer ones (JSON ``1`` decodes to ``int``), and
     the response carries the reward as drawn."""
     for kind in (int, float):
-        episode = find(episodes(), lambda e, kind=kind: type(e.reward) is kind and e.reward != 0)
+        episode = find(
+            episodes(),
+            lambda e, kind=kind: type(e.reward) is kind and e.reward != 0,
+            settings=FIRST_FOUND,
+        )
         sent = json.loads(json.dumps(episode.response))["reward"]
         assert type(sent) is kind and sent == episode.reward
 

@@ -62,7 +62,9 @@ def first_drift(tokenizer: Any, kind: str, also: Any = lambda e, t: True) -> tup
         return bool(also(episode, episode.drift_kinds[0][0]))
 
     drawn = templated_episodes(tokenizer, reasoning_parser="qwen3")
-    episode = find(drawn, wanted, settings=settings(FEW, max_examples=1000))
+    # the first one found, unshrunk: shrinking renders the template hundreds of times more
+    first_found = settings(FEW, max_examples=1000, phases=[Phase.generate])
+    episode = find(drawn, wanted, settings=first_found)
     return episode, episode.drift_kinds[0][0]
 
 

@@ -20,7 +20,8 @@ samples through a `tests.fakes.Switch`, the same rows twice:
 
 One vLLM server at a time (the module is in the ``heavy`` group); the deployment is
 started once for all families. With ``NEMOGYM_DRIFT_TABLE=path`` each family's summary is
-appended to that file as a JSON line (how docs/concepts/drift.md's table was made).
+appended to that file as a JSON line, and ``NEMOGYM_CONFORMANCE_REPEATS=n`` plays each row
+``n`` times per path (1 by default): how docs/concepts/drift.md's table was made.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ SERVED = "policy"
 ENVIRONMENTS = ("target_chars", "example_single_tool_call")
 ROWS = 3
 """Example rows of each environment, each played ``REPEATS`` times per path."""
-REPEATS = 2
+REPEATS = int(os.environ.get("NEMOGYM_CONFORMANCE_REPEATS", "1"))
+"""Once in the suite; docs/concepts/drift.md's table plays each row more often."""
 LOGPROBS_MODE = "processed_logprobs"
 
 
