@@ -42,6 +42,7 @@ from nemogym_sdk.gym.builder import StackBuilder
 from nemogym_sdk.gym.locate import GymVenv, environment_path, find_gym_venv
 from nemogym_sdk.gym.specs import ENVIRONMENT_SERVERS, PolicyModel, StackConfig
 from nemogym_sdk.processes import ServerProcess, spawn, stop_all, stopping_on_error, wait_ready
+from nemogym_sdk.processes.watchdog import watch
 
 __all__ = ["GymLauncher"]
 
@@ -147,6 +148,8 @@ class GymLauncher:
             log_path=workdir / "logs" / "gym.log",
             health_url=f"{self.head_url}/readyz",
         )
+        # should this process die unstopped, its watchdog stops the launcher as stop() does
+        watch(self._process.pid, first_signal=signal.SIGINT, leader_only=True, grace=10.0)
         with stopping_on_error(self._process, stop=self.stop):  # SIGINT first: Ray's way
             wait_ready([self._process], self._ready_timeout)
             self._directory = ServerDirectory.from_head(self.head_url, wait=10)

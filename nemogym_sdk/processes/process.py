@@ -5,7 +5,8 @@ groups, ``tail`` quotes a log; ``ProcessGroup`` does the same for the servers of
 Every process is started with ``start_new_session=True``, so it leads a process group
 that holds it and anything it spawns. Stopping sends SIGTERM to the group, waits a
 grace period, then SIGKILLs whatever is left of the group. Nothing is ever killed by
-name, only by the group ids this module created.
+name, only by the group ids this module created. If this process dies without stopping a
+group (SIGKILL), its watchdog does (``nemogym_sdk.processes.watchdog``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import requests
 
 from nemogym_sdk._net.ready import answered, poll_ready
 from nemogym_sdk.processes.errors import ServerNotReadyError, ServerStartError
+from nemogym_sdk.processes.watchdog import unwatch, watch
 
 __all__ = [
     "ProcessGroup",
@@ -180,7 +182,11 @@ def spawn(
     log_path: Path,
     health_url: str,
 ) -> ServerProcess:
-    """Start ``argv`` in ``cwd`` as a new session, stdout and stderr appended to ``log_path``."""
+    """Start ``argv`` in ``cwd`` as a new session, stdout and stderr appended to ``log_path``.
+
+    The watchdog (``nemogym_sdk.processes.watchdog``) stops its group if this process dies
+    without stopping it: SIGTERM, then SIGKILL 5 s later (``watch`` again to change that).
+    """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         log.write(f"# {name}: argv={list(argv)!r} cwd={str(cwd)!r}\n".encode())
@@ -194,6 +200,7 @@ def spawn(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    watch(popen.pid)
     logger.debug("started %s (pid %d), log %s", name, popen.pid, log_path)
     return ServerProcess(name=name, popen=popen, log_path=log_path, health_url=health_url)
 
@@ -283,6 +290,8 @@ def stop_all(processes: Sequence[ServerProcess], grace: float) -> None:
     for proc in processes:
         proc.popen.wait()
         proc.stopped = _wait_group_gone(proc.pid, timeout=5.0)
+        if proc.stopped:
+            unwatch(proc.pid)
 
 
 def _wait_group_gone(pgid: int, timeout: float) -> bool:

@@ -156,19 +156,6 @@ def test_a_sharded_two_rank_run_resumes_in_one_process(
     assert all(s["mismatch_max"] < MISMATCH_MAX and s["failures"] == {} for s in steps)
 
 
-def test_nemo_gyms_own_launcher_starts_the_environments(gym_venv: object, tmp_path: Path) -> None:
-    """``--launcher gym``: the environments run under ``gym env start`` (Ray, NeMo Gym's head
-    server), the trainer attaches through it, and stopping leaves the launcher's log saying it
-    shut its Ray cluster down."""
-    out = tmp_path / "run"
-    train(out, *SMALL, "--steps", "2", "--launcher", "gym")
-    steps = metrics(out)
-    assert [s["adapter_version"] for s in steps] == [1, 2]
-    assert all(s["failures"] == {} and s["rollouts"] == 8 for s in steps)
-    log = (out / "gym" / "logs" / "gym.log").read_text()
-    assert "Starting `target_chars_agent`" in log and "Shutting down Ray cluster" in log
-
-
 def test_config_errors_say_how_to_fix_them(
     gym_venv: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,8 +1,8 @@
 """nemogym-train under faults, as a user meets them, through real NeMo Gym: a stop signal,
 a sampler that dies, a NeMo Gym server that dies, a run resumed after each. Each run is a
 process of its own whose servers are counted before the fault and must all be gone after.
-The stops and resumes are one chain (SIGTERM, resume, SIGINT, resume, the sampler killed,
-resume to the end), run once for the module; a test audits each link.
+The stops and resumes are one chain (SIGTERM, resume, SIGINT, resume, SIGKILL, resume, the
+sampler killed, resume to the end), run once for the module; a test audits each link.
 
 The fault table of ``docs/faults.md`` names these tests."""
 
@@ -129,20 +129,50 @@ class Stop:
 
 @attrs.frozen
 class Chain:
-    """One run stopped three ways, resumed after each, then finished (see ``chain``)."""
+    """One run stopped four ways, resumed after each, then finished (see ``chain``)."""
 
     out: Path
     sigterm: Stop
     sigint: Stop
+    sigkill: Stop
+    sigkill_gone_s: float
     dead_sampler: Stop
     finished: Stop
+
+
+def gone_within(pids: list[int], seconds: float) -> float:
+    """Seconds until none of ``pids`` is alive; fails naming them after ``seconds``."""
+    began = time.monotonic()
+    while left := [pid for pid in pids if alive(pid)]:
+        assert time.monotonic() - began < seconds, left
+        time.sleep(0.1)
+    return time.monotonic() - began
+
+
+def kill_into_a_step(out: Path, trainer: subprocess.Popen[str], steps: int) -> tuple[Stop, float]:
+    """SIGKILL ``trainer`` 0.6 s into step ``steps`` (its rollouts in play): how it ended and
+    how long until every process it had started was gone (no cooperation from it: its
+    watchdog stops them)."""
+    wait_for_steps(out, trainer, steps)
+    kept = out / "checkpoints" / f"step_{steps:06d}"
+    while not kept.exists():  # written just after the step's line: the next step starts
+        assert trainer.poll() is None, trainer.communicate()[1][-3000:]
+        time.sleep(0.05)
+    time.sleep(0.6)
+    servers = children(trainer.pid)
+    trainer.kill()
+    trainer.wait(timeout=30)
+    gone_s = gone_within(list(servers), 30)
+    print(f"SIGKILL: {len(servers)} processes gone {gone_s:.1f} s after the kill")  # (-s)
+    return Stop.of(trainer, servers, out), gone_s
 
 
 @pytest.fixture(scope="module")
 def chain(gym_venv: object, tmp_path_factory: pytest.TempPathFactory) -> Chain:
     """One run through the faults a user meets, each followed by ``--resume``: SIGTERM after
-    two steps; Ctrl-C once the resumed run's servers are up; the sampler killed after one
-    more step (a checkpoint every step from there); then two steps more to the end, with the
+    two steps; Ctrl-C once the resumed run's servers are up; SIGKILL 0.6 s into the step
+    after one more (a checkpoint every step from there); the sampler killed after one more
+    step; then two steps more to the end, with the
     environment's resources server killed after the first of them (``--max-failure-rate
     1``: the run goes on)."""
     out = tmp_path_factory.mktemp("chain") / "run"
@@ -154,7 +184,7 @@ def chain(gym_venv: object, tmp_path_factory: pytest.TempPathFactory) -> Chain:
 
     trainer = start(out, "--steps", "50", "--resume")
     deadline = time.monotonic() + 300
-    while len(children(trainer.pid)) < 5:  # the sampler, a resolver, NeMo Gym's three
+    while len(children(trainer.pid)) < 6:  # watchdog, sampler, resolver, NeMo Gym's three
         assert trainer.poll() is None and time.monotonic() < deadline
         time.sleep(0.2)
     time.sleep(3)
@@ -163,7 +193,10 @@ def chain(gym_venv: object, tmp_path_factory: pytest.TempPathFactory) -> Chain:
     sigint = Stop.of(trainer, servers, out)
 
     trainer = start(out, "--steps", "50", "--resume", "--checkpoint-every", "1")
-    wait_for_steps(out, trainer, sigint.steps + 1)
+    sigkill, sigkill_gone_s = kill_into_a_step(out, trainer, sigint.steps + 1)
+
+    trainer = start(out, "--steps", "50", "--resume", "--checkpoint-every", "1")
+    wait_for_steps(out, trainer, sigkill.steps + 1)
     servers = children(trainer.pid)
     os.kill(the(servers, "nemogym_sdk.serve"), signal.SIGKILL)
     dead_sampler = Stop.of(trainer, servers, out)
@@ -175,7 +208,7 @@ def chain(gym_venv: object, tmp_path_factory: pytest.TempPathFactory) -> Chain:
     servers = children(trainer.pid)
     os.kill(the(servers, "envs/target_chars)"), signal.SIGKILL)
     finished = Stop.of(trainer, servers, out)
-    return Chain(out, sigterm, sigint, dead_sampler, finished)
+    return Chain(out, sigterm, sigint, sigkill, sigkill_gone_s, dead_sampler, finished)
 
 
 def test_sigterm_stops_at_a_step_boundary_and_resume_goes_on(chain: Chain) -> None:
@@ -206,6 +239,22 @@ def test_sigint_stops_cleanly_too(chain: Chain) -> None:
     assert stop.checkpoints[-1] == f"step_{stop.steps:06d}", stop
 
 
+def test_sigkill_leaves_no_process_behind_and_resume_goes_on(chain: Chain) -> None:
+    """SIGKILL (a supervisor's grace period ending, the OOM killer) 0.6 s into a step runs
+    none of the trainer's handlers; every process it started (the sampler, NeMo Gym's
+    servers, its config resolver) is gone within seconds all the same, its watchdog says so
+    in one line, and ``--resume`` goes on from the step's checkpoint (the chain's last test
+    checks the whole sequence)."""
+    stop = chain.sigkill
+    assert stop.status == -signal.SIGKILL
+    assert len(stop.servers) >= 5, stop.servers  # the watchdog, the sampler, NeMo Gym's three
+    assert chain.sigkill_gone_s < 8, chain.sigkill_gone_s  # SIGTERM; SIGKILL after 5 s
+    said = [line for line in stop.err.splitlines() if line.startswith("nemogym-sdk watchdog")]
+    assert len(said) == 1 and "ended without stopping the servers it started" in said[0], said
+    assert stop.steps > chain.sigint.steps
+    assert stop.checkpoints[-1] == f"step_{stop.steps:06d}", stop
+
+
 def test_a_dead_sampler_stops_the_run_and_resume_starts_a_new_one(chain: Chain) -> None:
     """The sampler is killed after a step: the run stops with one line that says so, keeps
     its checkpoint, stops NeMo Gym's servers; ``--resume`` starts a new sampler and
@@ -215,7 +264,7 @@ def test_a_dead_sampler_stops_the_run_and_resume_starts_a_new_one(chain: Chain) 
     assert_stopped_cleanly(stop.servers, stop.err)
     last = stop.err.strip().splitlines()[-1]
     assert "does not answer" in last and "continue with --resume" in last, last
-    assert stop.steps > chain.sigint.steps
+    assert stop.steps > chain.sigkill.steps
     assert stop.checkpoints[-1] == f"step_{stop.steps:06d}"
     assert chain.finished.status == 0, chain.finished.err[-3000:]
     assert_one_sequence(chain.out, stop.steps + 2)
@@ -258,3 +307,25 @@ def test_a_dead_environment_server_past_the_bound_stops_the_run(
     assert len(logged) == step and "max_failure_rate=0.5" in last
     assert [p.name for p in (out / "checkpoints").iterdir()] == [f"step_{step:06d}"]
     assert f"step_{step:06d}: continue with --resume" in last
+
+
+def test_nemo_gyms_own_launcher_runs_the_environments_and_a_killed_trainer_leaves_none_of_it(
+    gym_venv: object, tmp_path: Path
+) -> None:
+    """``--launcher gym``: the environments run under ``gym env start`` (Ray, NeMo Gym's head
+    server) and the trainer attaches through it. SIGKILLed 0.6 s into its third step, the
+    trainer leaves nothing: its watchdog sends the launcher SIGINT, NeMo Gym's way to stop
+    (its log then says it shut its Ray cluster down), and every process of the deployment,
+    Ray's included, is gone within seconds."""
+    out = tmp_path / "run"
+    trainer = start(out, "--steps", "50", "--launcher", "gym", "--checkpoint-every", "1")
+    stop, gone_s = kill_into_a_step(out, trainer, 2)
+    steps = steps_logged(out)
+    assert [s["adapter_version"] for s in steps] == [1, 2]
+    assert all(s["failures"] == {} and s["rollouts"] == 8 for s in steps)
+    assert any("raylet" in described for described in stop.servers.values()), stop.servers
+    assert gone_s < 10, gone_s
+    log = (out / "gym" / "logs" / "gym.log").read_text()
+    assert "Starting `target_chars_agent`" in log and "Shutting down Ray cluster" in log
+    said = [line for line in stop.err.splitlines() if line.startswith("nemogym-sdk watchdog")]
+    assert len(said) == 1, stop.err[-3000:]
