@@ -4,7 +4,7 @@ family's markup: ``<think>`` blocks, tool calls its vLLM parser reads, EOS.
 This keeps vLLM's own parsers in the path (rather than forcing the format with structured
 outputs, which would need every request changed, and which NeMo Gym's ``vllm_model``
 straight to vLLM does not send): the model writes the markup, and whoever serves it, parses
-it. 150 AdamW steps on CPU, loss on the completion tokens only; the taught model
+it. A few hundred AdamW steps on CPU, loss on the completion tokens only; the taught model
 is cached like `family_model_dir`'s, keyed by the lessons' settings too.
 """
 
@@ -28,9 +28,9 @@ class Teaching:
     """How a model is taught: lessons drawn, steps, batch size, learning rate, seed."""
 
     lessons: int = 256
-    steps: int = 150
+    steps: int = 300
     batch_size: int = 8
-    lr: float = 1.2e-2
+    lr: float = 8e-3
     seed: int = 0
 
 
