@@ -19,6 +19,16 @@ def test_resumed_metrics_drop_the_steps_after_the_checkpoint(tmp_path: Path) -> 
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 1, 2, 3, 4]
 
 
+def test_a_run_from_step_0_keeps_no_earlier_line(tmp_path: Path) -> None:
+    """A run killed after its first step's line but before its first checkpoint, started
+    again without ``--resume``: step 0 is logged once, by the new run."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"step": 0, "old": True}) + "\n")
+    with open_metrics(path, 0) as handle:
+        handle.write(json.dumps({"step": 0}) + "\n")
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [{"step": 0}]
+
+
 def test_a_line_cut_short_by_a_kill_is_dropped_on_resume(tmp_path: Path) -> None:
     """A run killed mid-write leaves half a line; the resumed run drops it with the steps
     after its checkpoint, and appends whole lines after it."""

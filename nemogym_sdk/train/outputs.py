@@ -139,9 +139,10 @@ def postfix(line: Mapping[str, Any]) -> dict[str, str]:
 
 def open_metrics(path: Path, start: int) -> Any:
     """``metrics.jsonl`` for appending, without lines of steps from ``start`` on (a resumed
-    run repeats the steps after its checkpoint) and without a line cut short by a kill;
-    rewritten aside, then renamed."""
-    if start and path.exists():
+    run repeats the steps after its checkpoint; a run from step 0 keeps none, such as one
+    killed before its first checkpoint and started again) and without a line cut short by
+    a kill; rewritten aside, then renamed."""
+    if path.exists():
         kept = [line for line in path.read_text().splitlines() if _step_of(line) < start]
         aside = path.with_name(f".{path.name}.tmp")
         aside.write_text("".join(line + "\n" for line in kept))

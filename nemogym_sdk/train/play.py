@@ -38,6 +38,8 @@ class Played(NamedTuple):
     """Seconds the learner waited for them."""
     metrics: dict[str, float]
     """The rollout side's own step metrics (the engine's, in async mode)."""
+    groups: list[tuple[int, str]]
+    """The step's groups, every rank's: (group number, row id), in training order."""
 
 
 class RolloutSource(Protocol):
@@ -72,10 +74,14 @@ class _Sync:
         eos: int,
     ) -> None:
         self._steps = _sync_steps(client, rows, config, start, eos)
+        self._rows, self._config, self._start = rows, config, start
 
     def steps(self) -> Iterator[Played]:
-        for rollouts, waited in self._steps:
-            yield Played(rollouts, waited, {})
+        for step, (rollouts, waited) in enumerate(self._steps, self._start):
+            first = step * self._config.rows_per_step
+            played = rows_for_step(self._rows, step, self._config)
+            groups = [(first + i, row.row_id) for i, row in enumerate(played)]
+            yield Played(rollouts, waited, {}, groups)
 
     def published(self, version: int | None) -> None:
         return None
@@ -145,7 +151,8 @@ class _Async:
     def steps(self) -> Iterator[Played]:
         for _ in range(self._start, self._config.steps):
             step = self.engine.next_step()
-            yield Played(step.rollouts(), step.waited_s, step.metrics())
+            groups = [(group.index, group.row.row_id) for group in step.groups]
+            yield Played(step.rollouts(), step.waited_s, step.metrics(), groups)
 
     def published(self, version: int | None) -> None:
         self.engine.publish(version)

@@ -367,6 +367,7 @@ def train_steps(
             line["step_s"] = (
                 played.waited_s + line["collate_s"] + line["learner_s"] + line["sync_s"]
             )
+            line["trained_groups"] = played.groups  # which rows: a run can be audited
             curve.append(line["reward_mean"])
             with writing(f"{done.out / 'metrics.jsonl'}", latest(done.out)):
                 log(line)

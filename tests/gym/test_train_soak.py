@@ -1,0 +1,131 @@
+"""nemogym-train killed with SIGKILL at random moments, ``--resume`` after each, to the end
+(issue 29): every step is trained once, every group once, none skipped, in both modes.
+
+The runs attach to the worker's toy deployment (``tests/gym/deployment.py``), so a resume
+costs the trainer's own start only, and kills land anywhere: during the start, the
+rollouts, the learner step, the adapter's publication or a checkpoint write. The suite
+kills each mode ``NEMOGYM_SOAK_KILLS`` times (3; docs/faults.md records a run with 20, and
+``NEMOGYM_SOAK_STEPS`` steps).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from nemogym_sdk.data import load_rows
+from nemogym_sdk.train.config import TrainConfig
+from tests.gym.deployment import ToyDeployment
+from tests.gym.test_train_faults import alive, children, start, steps_logged
+
+pytestmark = [pytest.mark.gym, pytest.mark.slow]
+
+KILLS = int(os.environ.get("NEMOGYM_SOAK_KILLS", "3"))
+STEPS = int(os.environ.get("NEMOGYM_SOAK_STEPS", "8"))
+ROWS_PER_STEP = 2
+MAX_STALENESS = 1
+SEED = TrainConfig().seed
+FLAGS = (
+    *("--rows-per-step", str(ROWS_PER_STEP), "--num-generations", "4"),
+    *("--steps", str(STEPS), "--checkpoint-every", "1", "--max-staleness", str(MAX_STALENESS)),
+)
+
+
+@attrs.frozen
+class Kill:
+    """One SIGKILL: seconds after its run started, the steps logged then."""
+
+    after_s: float
+    steps: int
+
+
+def soak(toy: ToyDeployment, out: Path, mode: str, seed: int) -> tuple[list[Kill], str]:
+    """Up to ``KILLS`` runs killed at random moments, each resumed, then one to the end: the
+    kills and the last run's stderr. A kill lands during the start (one in five), or a
+    random fraction of a step after 1 to 3 further steps, while at least two steps are
+    left. Every process a killed run started must be gone."""
+    rng = random.Random(seed)
+    kills: list[Kill] = []
+    resume: tuple[str, ...] = ()
+    while len(kills) < KILLS and len(steps_logged(out)) <= STEPS - 2:
+        trainer = start(out, *toy.flags, *FLAGS, "--mode", mode, *resume)
+        began = time.monotonic()
+        if rng.random() < 0.2:
+            at = began + rng.uniform(0.5, 4.0)
+            wait_until(trainer, lambda at=at: time.monotonic() > at)
+        else:
+            target = min(STEPS - 1, len(steps_logged(out)) + rng.randint(1, 3))
+            wait_until(trainer, lambda n=target: len(steps_logged(out)) >= n)
+            time.sleep(rng.uniform(0.0, 1.2))
+        assert trainer.poll() is None, trainer.communicate()[1][-3000:]
+        started, after = children(trainer.pid), time.monotonic() - began
+        trainer.kill()
+        trainer.communicate(timeout=60)
+        deadline = time.monotonic() + 15
+        while [pid for pid in started if alive(pid)] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [described for pid, described in started.items() if alive(pid)]
+        kills.append(Kill(round(after, 2), len(steps_logged(out))))
+        resume = ("--resume",) if any((out / "checkpoints").glob("step_*")) else ()
+    trainer = start(out, *toy.flags, *FLAGS, "--mode", mode, *resume)
+    _, err = trainer.communicate(timeout=600)
+    assert trainer.returncode == 0, err[-3000:]
+    return kills, err
+
+
+def wait_until(trainer: subprocess.Popen[str], condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 300
+    while not condition():
+        assert trainer.poll() is None, trainer.communicate()[1][-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def trained(out: Path) -> list[list[Any]]:
+    """Every step's ``trained_groups``, in step order."""
+    return [line["trained_groups"] for line in steps_logged(out)]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_random_kills_lose_no_step_and_train_no_group_twice(
+    mode: str, toy_deployment: ToyDeployment, tmp_path: Path
+) -> None:
+    """After every kill and resume: each step logged once, in order, with adapter version
+    ``step + 1``; each group trained once, ``ROWS_PER_STEP`` a step, on the row its number
+    names. Sync trains exactly the groups a run without kills trains, step by step; async
+    trains groups in an order its pacing picks (a resumed run's requeued ones first), and
+    every group it started is trained, or listed as untrained at the end: none is lost."""
+    out = tmp_path / "run"
+    kills, _ = soak(toy_deployment, out, mode, seed=29)
+    print(f"{mode}: kills {kills}")  # (-s) when they landed
+    assert len(kills) >= min(KILLS, 2), kills
+    logged = steps_logged(out)
+    assert [line["step"] for line in logged] == list(range(STEPS))
+    assert [line["adapter_version"] for line in logged] == list(range(1, STEPS + 1))
+    # the trainer's rows: the file, shuffled with the run's seed
+    rows = [row.row_id for row in load_rows(str(toy_deployment.train_file), seed=SEED)]
+    steps = trained(out)
+    assert all(len(groups) == ROWS_PER_STEP for groups in steps), steps
+    numbers = [number for groups in steps for number, _ in groups]
+    assert len(set(numbers)) == len(numbers), steps  # no group trained twice
+    for groups in steps:
+        for number, row in groups:
+            assert row == rows[number % len(rows)], (number, row)
+    if mode == "sync":
+        assert numbers == list(range(STEPS * ROWS_PER_STEP))
+        return
+    summary = json.loads((out / "summary.json").read_text())
+    untrained = summary["leftover"]["untrained_groups"]
+    started = set(numbers) | set(untrained)
+    assert not set(numbers) & set(untrained)
+    assert started == set(range(max(started) + 1)), (steps, untrained)  # none skipped
+    assert len(untrained) <= (MAX_STALENESS + 1) * ROWS_PER_STEP  # the pacing's bound
