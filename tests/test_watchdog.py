@@ -10,12 +10,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+
+from tests.procs import alive, gone_within
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -75,22 +76,6 @@ def members(pgids: list[int]) -> list[int]:
         except (ProcessLookupError, psutil.Error):
             continue
     return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def gone_within(pids: Any, seconds: float) -> float:
-    """Seconds until ``pids()`` is empty; fails after ``seconds``."""
-    began = time.monotonic()
-    while pids():
-        assert time.monotonic() - began < seconds, pids()
-        time.sleep(0.1)
-    return time.monotonic() - began
 
 
 def owner(tmp_path: Path, how: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:

@@ -112,6 +112,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="--backend vllm: seconds one generation may take (default 600)",
     )
     parser.add_argument(
+        "--replica-timeout",
+        type=float,
+        default=15.0,
+        help=(
+            "--replica: seconds a replica gets to answer an adapter load or listing; one that "
+            "does not is taken out of the router and the publish set until it answers again "
+            "and has loaded every version served (default 15)"
+        ),
+    )
+    parser.add_argument(
         "--vllm-wait",
         type=float,
         default=60.0,
@@ -331,6 +341,7 @@ def _engine(args: argparse.Namespace) -> ServeEngine:
             timeout=args.vllm_timeout,
             connect_wait=args.vllm_wait,
             replicas=args.replicas,
+            replica_timeout=args.replica_timeout,
         )
         # None: the base model keeps vLLM's served name (read from vLLM at start).
         served_model_name = args.served_model_name

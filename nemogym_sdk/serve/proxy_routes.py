@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -98,6 +99,8 @@ def add_proxy_routes(app: web.Application, engine: ServeEngine, proxy: VllmBacke
 
         return handler
 
+    tasks: list[asyncio.Task[None]] = []
+
     async def on_startup(app: web.Application) -> None:
         try:
             await proxy.start()
@@ -107,8 +110,13 @@ def add_proxy_routes(app: web.Application, engine: ServeEngine, proxy: VllmBacke
         except BaseException:
             await proxy.close()  # no cleanup runs when startup fails
             raise
+        if proxy.replicas:
+            tasks.append(asyncio.create_task(readmit_forever(adapters)))
 
     async def on_cleanup(app: web.Application) -> None:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await proxy.close()
 
     app.router.add_post("/v1/chat/completions", chat)
@@ -130,13 +138,22 @@ class _VllmAdapters:
     Behind a router (``VllmBackend.replicas``) every load and unload goes to each replica, all
     or nothing: a load is confirmed in each replica's ``/v1/models``; a replica that refuses
     it (or does not list it) leaves every replica on what it served before (the loads already
-    made are undone), and the error names that replica.
+    made are undone), and the error names that replica. A replica that does not answer within
+    ``replica_timeout`` (dead, frozen) is taken out of the router and of the publish set
+    instead, and the others go on; `readmit_dropped` lets it back once it answers and has
+    loaded and listed every version served then, so it never samples from a version it
+    missed.
     """
 
     def __init__(self, engine: ServeEngine, proxy: VllmBackend) -> None:
         self.engine, self.proxy = engine, proxy
+        self.lock = asyncio.Lock()  # one publication (or re-admission) at a time
 
     async def handle(self, path: str, raw: bytes) -> web.StreamResponse:
+        async with self.lock:
+            return await self._handle(path, raw)
+
+    async def _handle(self, path: str, raw: bytes) -> web.StreamResponse:
         body = orjson.loads(raw) if raw else None
         name = body.get("lora_name") if isinstance(body, dict) else None
         loading = path.endswith("/load_lora_adapter") and isinstance(body, dict)
@@ -165,8 +182,15 @@ class _VllmAdapters:
         await self._everywhere(UNLOAD if not loading else LOAD, body or {})
         return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
+    def _timeout(self) -> float | None:
+        """A replica's deadline for adapter requests; vLLM itself (no router) gets the
+        generation timeout, as before."""
+        return self.proxy.replica_timeout if self.proxy.replicas or self.proxy.dropped else None
+
     async def _post(self, route: str, body: dict[str, Any], server: str) -> tuple[int, bytes]:
-        status, raw, _ = await self.proxy.forward("POST", route, orjson.dumps(body), root=server)
+        status, raw, _ = await self.proxy.forward(
+            "POST", route, orjson.dumps(body), root=server, timeout=self._timeout()
+        )
         return status, raw
 
     def _refused(self, server: str, status: int, raw: bytes, outcome: str = "") -> UpstreamError:
@@ -176,11 +200,24 @@ class _VllmAdapters:
         return UpstreamError(message, status=status, err_type=err_type, param=param)
 
     async def _everywhere(self, route: str, body: dict[str, Any]) -> None:
-        """``route`` on every adapter server; the first refusal raises, naming its server."""
+        """``route`` on every adapter server; the first refusal raises, naming its server (a
+        replica that does not answer is dropped)."""
         for server in self.proxy.adapter_servers:
-            status, raw = await self._post(route, body, server)
-            if status >= 400:
-                raise self._refused(server, status, raw)
+            reply = await self._post_or_drop(route, body, server)
+            if reply is not None and reply[0] >= 400:
+                raise self._refused(server, *reply)
+
+    async def _post_or_drop(
+        self, route: str, body: dict[str, Any], server: str
+    ) -> tuple[int, bytes] | None:
+        """``_post``; None when ``server``, a replica, does not answer (it is dropped)."""
+        try:
+            return await self._post(route, body, server)
+        except (UpstreamUnavailableError, UpstreamTimeoutError) as error:
+            if not self.proxy.replicas:
+                raise
+            await self.proxy.drop_replica(server, str(error))
+            return None
 
     async def _load_everywhere(
         self, body: dict[str, Any], undo: dict[str, Any] | None, path: str
@@ -190,15 +227,16 @@ class _VllmAdapters:
         unload; None when nothing can)."""
         done: list[str] = []
         for server in self.proxy.adapter_servers:
-            try:
-                status, raw = await self._post(LOAD, body, server)
-            except (UpstreamUnavailableError, UpstreamTimeoutError) as error:
-                if not self.proxy.replicas:
-                    raise
-                await self.proxy.drop_replica(server, str(error))
+            reply = await self._post_or_drop(LOAD, body, server)
+            if reply is None:
                 continue
+            status, raw = reply
             if status < 400 and self.proxy.replicas:
-                status, raw = await self._listed(server, str(body["lora_name"]), path)
+                try:
+                    status, raw = await self._listed(server, str(body["lora_name"]), path)
+                except (UpstreamUnavailableError, UpstreamTimeoutError) as error:
+                    await self.proxy.drop_replica(server, str(error))
+                    continue
             if status >= 400:
                 # an in-place reload that failed may have changed the slot there too (vLLM
                 # records the failed path): reload what it held on the refusing one as well
@@ -208,7 +246,9 @@ class _VllmAdapters:
 
     async def _listed(self, server: str, slot: str, path: str) -> tuple[int, bytes]:
         """(200, b"") when ``server``'s ``/v1/models`` lists ``slot`` loaded from ``path``."""
-        status, raw, _ = await self.proxy.forward("GET", "/v1/models", root=server)
+        status, raw, _ = await self.proxy.forward(
+            "GET", "/v1/models", root=server, timeout=self._timeout()
+        )
         if status >= 400:
             return status, raw
         cards = orjson.loads(raw).get("data") or []
@@ -224,9 +264,9 @@ class _VllmAdapters:
             return f"Replicas {', '.join(servers)} serve it now; the others do not."
         failed = []
         for server in servers:
-            status, raw = await self._post(LOAD if "lora_path" in undo else UNLOAD, undo, server)
-            if status >= 400:
-                failed.append(f"{server} ({vllm_error(status, raw)[0]})")
+            reply = await self._post_or_drop(LOAD if "lora_path" in undo else UNLOAD, undo, server)
+            if reply is not None and reply[0] >= 400:
+                failed.append(f"{server} ({vllm_error(*reply)[0]})")
         if failed:
             return f"Undoing it failed on {', '.join(failed)}."
         return "Every replica keeps what it served before."
@@ -246,19 +286,77 @@ class _VllmAdapters:
         versions.commit(name, version, path, loading)
         for slot in loading.evict:
             for server in self.proxy.adapter_servers:
-                status, raw = await self._post(UNLOAD, {"lora_name": slot}, server)
-                if status >= 400:  # the new version serves; the old one holds a slot there
+                reply = await self._post_or_drop(UNLOAD, {"lora_name": slot}, server)
+                if reply is not None and reply[0] >= 400:  # it holds an old slot: no harm
                     logger.warning(
                         "unloading adapter slot %r from %s failed: %s",
                         slot,
                         server,
-                        vllm_error(status, raw)[0],
+                        vllm_error(*reply)[0],
                     )
         return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
 
+    async def readmit_dropped(self) -> None:
+        """Each dropped replica that answers ``/health`` again gets every version served now
+        (loaded in place, listed in its ``/v1/models``), loses the slots evicted meanwhile,
+        and only then goes back into the router and the publish set."""
+        for server in list(self.proxy.dropped):
+            try:
+                status, _, _ = await self.proxy.forward("GET", "/health", root=server, timeout=2)
+            except (UpstreamUnavailableError, UpstreamTimeoutError):
+                continue
+            if status != 200:
+                continue
+            async with self.lock:
+                try:
+                    missing = await self._catch_up(server)
+                except (UpstreamUnavailableError, UpstreamTimeoutError) as error:
+                    missing = str(error)
+                refused = missing or await self.proxy.readmit(server)
+            if refused:
+                logger.warning("replica %s answers again but stays out: %s", server, refused)
+            else:
+                logger.warning("replica %s is back in the router, every version loaded", server)
 
+    async def _catch_up(self, server: str) -> str | None:
+        """Load what is served on ``server``; what went wrong, or None."""
+        timeout = self.proxy.replica_timeout
+        served = [v for held in self.engine.versions.names().values() for v in held]
+        for version in served:
+            body = {"lora_name": version.slot, "lora_path": version.path, "load_inplace": True}
+            status, raw, _ = await self.proxy.forward(
+                "POST", LOAD, orjson.dumps(body), root=server, timeout=timeout
+            )
+            if status < 400:
+                status, raw = await self._listed(server, version.slot, version.path)
+            if status >= 400:
+                return f"loading {version.slot} failed: {vllm_error(status, raw)[0]}"
+        status, raw, _ = await self.proxy.forward("GET", "/v1/models", root=server, timeout=timeout)
+        slots = {v.slot for v in served}
+        for card in (orjson.loads(raw).get("data") or []) if status == 200 else []:
+            if card.get("parent") and card.get("id") not in slots:  # evicted while it was out
+                body = {"lora_name": card["id"]}
+                await self.proxy.forward(
+                    "POST", UNLOAD, orjson.dumps(body), root=server, timeout=timeout
+                )
+        return None
+
+
+READMIT_EVERY_S = 2.0
+"""How often the proxy asks the replicas it dropped whether they answer again."""
 LOAD = "/v1/load_lora_adapter"
 UNLOAD = "/v1/unload_lora_adapter"
+
+
+async def readmit_forever(adapters: _VllmAdapters) -> None:
+    """`_VllmAdapters.readmit_dropped` every ``READMIT_EVERY_S`` seconds (a task of the app)."""
+    while True:
+        await asyncio.sleep(READMIT_EVERY_S)
+        if adapters.proxy.dropped:
+            try:
+                await adapters.readmit_dropped()
+            except Exception:  # a broken answer must not end the watch
+                logger.exception("re-admitting dropped replicas failed")
 
 
 async def check_logprobs_mode(engine: ServeEngine, proxy: VllmBackend) -> None:

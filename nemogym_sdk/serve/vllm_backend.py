@@ -35,6 +35,7 @@ import orjson
 import requests
 
 from nemogym_sdk._net.ready import answered, poll_ready
+from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.hosts import openai_url, server_root
 from nemogym_sdk.serve.errors import (
     BadGatewayError,
@@ -210,6 +211,7 @@ class VllmBackend:
         connect_wait: float = 60.0,
         api_key: str | None = None,
         replicas: Sequence[str] = (),
+        replica_timeout: float = 15.0,
     ) -> None:
         """Point at ``vllm_url`` (``http://host:port/v1``); the model names are read at start.
 
@@ -225,10 +227,19 @@ class VllmBackend:
             api_key: sent as ``Authorization: Bearer`` if vLLM was started with ``--api-key``.
             replicas: when ``vllm_url`` is a router, the samplers behind it: adapters are
                 loaded on each of them.
+            replica_timeout: seconds a replica gets to answer an adapter load, unload or
+                listing; one that does not (frozen, or a node that stopped) is taken out of
+                the router and the publish set, and comes back once it answers and has loaded
+                the versions served (`nemogym_sdk.serve.proxy_routes`).
         """
         self.root_url = server_root(vllm_url)
         self.replicas: tuple[str, ...] = tuple(server_root(url) for url in replicas)
         """The samplers behind a router (server roots); empty when ``vllm_url`` is one."""
+        if not replica_timeout > 0:
+            raise ConfigError(f"replica_timeout must be > 0 seconds, got {replica_timeout}")
+        self.replica_timeout = replica_timeout
+        self.dropped: dict[str, str] = {}
+        """Replicas taken out of the router (server root -> why), until they come back."""
         self.vllm_url = openai_url(vllm_url)
         self.template = template
         self.tokenizer: Any = template.tokenizer
@@ -365,8 +376,10 @@ class VllmBackend:
         with an adapter version it missed. Raises `UpstreamUnavailableError` when none is
         left."""
         self.replicas = tuple(r for r in self.replicas if r != server)
+        self.dropped[server] = why
         logger.warning(
-            "replica %s is unreachable (%s): removed from the router at %s; %d replica(s) left",
+            "replica %s is unreachable (%s): removed from the router at %s until it answers "
+            "again and has loaded the versions served; %d replica(s) left",
             server,
             why,
             self.root_url,
@@ -381,6 +394,21 @@ class VllmBackend:
             logger.warning("the router did not remove %s: %s", server, refused)
         if not self.replicas:
             raise UpstreamUnavailableError(f"No sampler replica is left ({server}: {why}).")
+
+    async def readmit(self, server: str) -> str | None:
+        """Route to a dropped replica again (``POST /add_worker``) once it holds what is
+        served; the router's refusal, or None when it is back."""
+        try:
+            status, raw, _ = await self.forward(
+                "POST", f"/add_worker?url={quote(server)}", timeout=self.replica_timeout
+            )
+        except (UpstreamUnavailableError, UpstreamTimeoutError) as error:
+            return str(error)
+        if status >= 400:
+            return error_message(status, raw)[0]
+        self.dropped.pop(server, None)
+        self.replicas = (*self.replicas, server)
+        return None
 
     async def models(self) -> tuple[int, bytes, str]:
         """``GET /v1/models`` of vLLM, or of the first replica that answers."""
@@ -406,9 +434,10 @@ class VllmBackend:
         *,
         root: str | None = None,
         headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
     ) -> tuple[int, bytes, str]:
         """Send ``method path`` to vLLM's root URL (or ``root``, a replica); return status,
-        body and content type.
+        body and content type, within ``timeout`` seconds (default: a generation's).
 
         Connection failures raise `UpstreamUnavailableError` (503), timeouts
         `UpstreamTimeoutError` (504); HTTP errors are returned, not raised.
@@ -422,13 +451,17 @@ class VllmBackend:
         target = root or self.root_url
         url = f"{target}{path}"
         where = root or self.vllm_url
+        limit = self.timeout if timeout is None else timeout
+        options: dict[str, Any] = {"data": body, "headers": headers}
+        if timeout is not None:
+            options["timeout"] = aiohttp.ClientTimeout(total=timeout, sock_connect=10)
         try:
             try:
-                async with self._session.request(method, url, data=body, headers=headers) as r:
+                async with self._session.request(method, url, **options) as r:
                     return r.status, await r.read(), r.content_type
             except aiohttp.ServerDisconnectedError:
                 # a pooled connection closed by vLLM as it was reused; nothing was generated
-                async with self._session.request(method, url, data=body, headers=headers) as r:
+                async with self._session.request(method, url, **options) as r:
                     return r.status, await r.read(), r.content_type
         except aiohttp.ClientConnectionError as error:
             raise UpstreamUnavailableError(
@@ -436,7 +469,7 @@ class VllmBackend:
             ) from error
         except TimeoutError as error:
             raise UpstreamTimeoutError(
-                f"The vLLM server at {where} did not answer {path} in {self.timeout:.0f} s."
+                f"The vLLM server at {where} did not answer {path} in {limit:.0f} s."
             ) from error
 
     async def post_json(

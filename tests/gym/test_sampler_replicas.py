@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import collections
 import json
+import os
+import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -214,3 +217,50 @@ def test_a_dead_replica_leaves_the_router_and_publication_goes_on(
         routed = fleet.router.healthy()
         assert dead.removesuffix("/v1") not in routed and survivor.removesuffix("/v1") in routed
         assert all(ask(fleet.base_url, f"key-{i}").status_code == 200 for i in range(10))
+
+
+def test_a_frozen_replica_leaves_the_publish_and_comes_back_with_what_is_served(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """A replica frozen (SIGSTOP: alive, silent) while versions are published: each publish
+    ends within the proxy's replica deadline (3 s here; the generation timeout is 600 s),
+    without it, and the router stops sending it requests. Thawed, it is let back only once
+    it has loaded every version served then, in place, and unloaded the one evicted while
+    it was out: its adapters equal the survivor's when the router routes to it again, and
+    the next publish reaches both."""
+    from nemogym_sdk.gym import start_samplers
+
+    with start_samplers(
+        2,
+        model_dir,
+        adapter_versions=2,
+        log_dir=tmp_path,
+        proxy_args=["--replica-timeout", "3"],
+    ) as fleet:
+        model = tiny_lora()
+        sync = LoraSync(fleet.base_url, "policy", tmp_path / "adapters")
+        sync.initialize(model)
+        survivor, frozen = fleet.replicas
+        os.kill(frozen.pid, signal.SIGSTOP)
+        try:
+            for version in (1, 2):
+                perturb(model, seed=version)
+                began = time.monotonic()
+                assert sync.sync(model).version == version
+                assert time.monotonic() - began < 30
+            served = {f"policy@v{v}": str(sync.version_path(v)) for v in (1, 2)}
+            assert slots(survivor.base_url) == served
+            assert frozen.base_url.removesuffix("/v1") not in fleet.router.healthy()
+            assert all(ask(fleet.base_url, f"key-{i}").status_code == 200 for i in range(6))
+        finally:
+            os.kill(frozen.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 60
+        while frozen.base_url.removesuffix("/v1") not in fleet.router.healthy():
+            assert time.monotonic() < deadline, fleet.proxy.process.tail()
+            time.sleep(0.5)
+        assert slots(frozen.base_url) == served
+        perturb(model, seed=3)
+        assert sync.sync(model).version == 3
+        served = {f"policy@v{v}": str(sync.version_path(v)) for v in (2, 3)}
+        assert slots(frozen.base_url) == slots(survivor.base_url) == served
+        assert "back in the router" in fleet.proxy.process.tail(200)

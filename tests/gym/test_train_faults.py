@@ -22,6 +22,8 @@ import attrs
 import psutil
 import pytest
 
+from tests.procs import alive, gone_within
+
 pytestmark = [pytest.mark.gym, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -74,14 +76,6 @@ def children(pid: int) -> dict[int, str]:
         except psutil.Error:  # gone (or a zombie) since it was listed
             continue
     return found
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def the(processes: dict[int, str], needle: str) -> int:
@@ -140,15 +134,6 @@ class Chain:
     finished: Stop
 
 
-def gone_within(pids: list[int], seconds: float) -> float:
-    """Seconds until none of ``pids`` is alive; fails naming them after ``seconds``."""
-    began = time.monotonic()
-    while left := [pid for pid in pids if alive(pid)]:
-        assert time.monotonic() - began < seconds, left
-        time.sleep(0.1)
-    return time.monotonic() - began
-
-
 def kill_into_a_step(out: Path, trainer: subprocess.Popen[str], steps: int) -> tuple[Stop, float]:
     """SIGKILL ``trainer`` 0.6 s into step ``steps`` (its rollouts in play): how it ended and
     how long until every process it had started was gone (no cooperation from it: its
@@ -162,7 +147,7 @@ def kill_into_a_step(out: Path, trainer: subprocess.Popen[str], steps: int) -> t
     servers = children(trainer.pid)
     trainer.kill()
     trainer.wait(timeout=30)
-    gone_s = gone_within(list(servers), 30)
+    gone_s = gone_within(lambda: [pid for pid in servers if alive(pid)], 30)
     print(f"SIGKILL: {len(servers)} processes gone {gone_s:.1f} s after the kill")  # (-s)
     return Stop.of(trainer, servers, out), gone_s
 
@@ -243,16 +228,19 @@ def test_sigkill_leaves_no_process_behind_and_resume_goes_on(chain: Chain) -> No
     """SIGKILL (a supervisor's grace period ending, the OOM killer) 0.6 s into a step runs
     none of the trainer's handlers; every process it started (the sampler, NeMo Gym's
     servers, its config resolver) is gone within seconds all the same, its watchdog says so
-    in one line, and ``--resume`` goes on from the step's checkpoint (the chain's last test
+    in one line, and ``--resume`` goes on from the newest checkpoint (the chain's last test
     checks the whole sequence)."""
     stop = chain.sigkill
     assert stop.status == -signal.SIGKILL
     assert len(stop.servers) >= 5, stop.servers  # the watchdog, the sampler, NeMo Gym's three
-    assert chain.sigkill_gone_s < 8, chain.sigkill_gone_s  # SIGTERM; SIGKILL after 5 s
+    assert chain.sigkill_gone_s < 12, chain.sigkill_gone_s  # SIGTERM; SIGKILL after 5 s
     said = [line for line in stop.err.splitlines() if line.startswith("nemogym-sdk watchdog")]
     assert len(said) == 1 and "ended without stopping the servers it started" in said[0], said
     assert stop.steps > chain.sigint.steps
-    assert stop.checkpoints[-1] == f"step_{stop.steps:06d}", stop
+    # the newest checkpoint is the last step logged, or the one before when the kill fell
+    # between a step's line and its checkpoint (the resumed run drops that line and redoes it)
+    newest = {f"step_{stop.steps:06d}", f"step_{stop.steps - 1:06d}"}
+    assert stop.checkpoints[-1] in newest, stop
 
 
 def test_a_dead_sampler_stops_the_run_and_resume_starts_a_new_one(chain: Chain) -> None:
@@ -324,7 +312,7 @@ def test_nemo_gyms_own_launcher_runs_the_environments_and_a_killed_trainer_leave
     assert [s["adapter_version"] for s in steps] == [1, 2]
     assert all(s["failures"] == {} and s["rollouts"] == 8 for s in steps)
     assert any("raylet" in described for described in stop.servers.values()), stop.servers
-    assert gone_s < 10, gone_s
+    assert gone_s < 20, gone_s  # SIGINT to the launcher; its group SIGKILLed after 10 s
     log = (out / "gym" / "logs" / "gym.log").read_text()
     assert "Starting `target_chars_agent`" in log and "Shutting down Ray cluster" in log
     said = [line for line in stop.err.splitlines() if line.startswith("nemogym-sdk watchdog")]

@@ -25,7 +25,8 @@ import pytest
 from nemogym_sdk.data import load_rows
 from nemogym_sdk.train.config import TrainConfig
 from tests.gym.deployment import ToyDeployment
-from tests.gym.test_train_faults import alive, children, start, steps_logged
+from tests.gym.test_train_faults import children, start, steps_logged
+from tests.procs import alive, gone_within
 
 pytestmark = [pytest.mark.gym, pytest.mark.slow]
 
@@ -70,10 +71,7 @@ def soak(toy: ToyDeployment, out: Path, mode: str, seed: int) -> tuple[list[Kill
         started, after = children(trainer.pid), time.monotonic() - began
         trainer.kill()
         trainer.communicate(timeout=60)
-        deadline = time.monotonic() + 15
-        while [pid for pid in started if alive(pid)] and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not [described for pid, described in started.items() if alive(pid)]
+        gone_within(lambda s=started: [s[pid] for pid in s if alive(pid)], 15)
         kills.append(Kill(round(after, 2), len(steps_logged(out))))
         resume = ("--resume",) if any((out / "checkpoints").glob("step_*")) else ()
     trainer = start(out, *toy.flags, *FLAGS, "--mode", mode, *resume)
