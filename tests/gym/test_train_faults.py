@@ -308,9 +308,9 @@ def test_nemo_gyms_own_launcher_runs_the_environments_and_a_killed_trainer_leave
     out = tmp_path / "run"
     trainer = start(out, "--steps", "50", "--launcher", "gym", "--checkpoint-every", "1")
     stop, gone_s = kill_into_a_step(out, trainer, 2)
-    steps = steps_logged(out)
-    assert [s["adapter_version"] for s in steps] == [1, 2]
-    assert all(s["failures"] == {} and s["rollouts"] == 8 for s in steps)
+    steps = steps_logged(out)  # 2, or 3 when the kill fell between a line and its checkpoint
+    assert [s["adapter_version"] for s in steps] == list(range(1, len(steps) + 1))
+    assert len(steps) in (2, 3) and all(s["failures"] == {} and s["rollouts"] == 8 for s in steps)
     assert any("raylet" in described for described in stop.servers.values()), stop.servers
     assert gone_s < 20, gone_s  # SIGINT to the launcher; its group SIGKILLed after 10 s
     log = (out / "gym" / "logs" / "gym.log").read_text()
