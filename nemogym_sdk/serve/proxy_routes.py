@@ -34,7 +34,7 @@ from nemogym_sdk.serve.errors import (
 )
 from nemogym_sdk.serve.versions import version_cards
 from nemogym_sdk.serve.vllm_backend import VllmBackend
-from nemogym_sdk.serve.vllm_backend import error_message as vllm_error
+from nemogym_sdk.serve.vllm_completions import error_message as vllm_error
 
 __all__ = ["LogprobsModeMismatchError", "add_proxy_routes"]
 
@@ -320,25 +320,21 @@ class _VllmAdapters:
 
     async def _catch_up(self, server: str) -> str | None:
         """Load what is served on ``server``; what went wrong, or None."""
-        timeout = self.proxy.replica_timeout
         served = [v for held in self.engine.versions.names().values() for v in held]
         for version in served:
             body = {"lora_name": version.slot, "lora_path": version.path, "load_inplace": True}
-            status, raw, _ = await self.proxy.forward(
-                "POST", LOAD, orjson.dumps(body), root=server, timeout=timeout
-            )
+            status, raw = await self._post(LOAD, body, server)
             if status < 400:
                 status, raw = await self._listed(server, version.slot, version.path)
             if status >= 400:
                 return f"loading {version.slot} failed: {vllm_error(status, raw)[0]}"
-        status, raw, _ = await self.proxy.forward("GET", "/v1/models", root=server, timeout=timeout)
+        status, raw, _ = await self.proxy.forward(
+            "GET", "/v1/models", root=server, timeout=self._timeout()
+        )
         slots = {v.slot for v in served}
         for card in (orjson.loads(raw).get("data") or []) if status == 200 else []:
             if card.get("parent") and card.get("id") not in slots:  # evicted while it was out
-                body = {"lora_name": card["id"]}
-                await self.proxy.forward(
-                    "POST", UNLOAD, orjson.dumps(body), root=server, timeout=timeout
-                )
+                await self._post(UNLOAD, {"lora_name": card["id"]}, server)
         return None
 
 

@@ -13,9 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +23,7 @@ import pytest
 from nemogym_sdk.data import load_rows
 from nemogym_sdk.train.config import TrainConfig
 from tests.gym.deployment import ToyDeployment
-from tests.gym.test_train_faults import children, start, steps_logged
+from tests.gym.test_train_faults import children, start, steps_logged, wait_for_steps
 from tests.procs import alive, gone_within
 
 pytestmark = [pytest.mark.gym, pytest.mark.slow]
@@ -61,11 +59,10 @@ def soak(toy: ToyDeployment, out: Path, mode: str, seed: int) -> tuple[list[Kill
         trainer = start(out, *toy.flags, *FLAGS, "--mode", mode, *resume)
         began = time.monotonic()
         if rng.random() < 0.2:
-            at = began + rng.uniform(0.5, 4.0)
-            wait_until(trainer, lambda at=at: time.monotonic() > at)
+            time.sleep(rng.uniform(0.5, 4.0))
         else:
             target = min(STEPS - 1, len(steps_logged(out)) + rng.randint(1, 3))
-            wait_until(trainer, lambda n=target: len(steps_logged(out)) >= n)
+            wait_for_steps(out, trainer, target)
             time.sleep(rng.uniform(0.0, 1.2))
         assert trainer.poll() is None, trainer.communicate()[1][-3000:]
         started, after = children(trainer.pid), time.monotonic() - began
@@ -78,14 +75,6 @@ def soak(toy: ToyDeployment, out: Path, mode: str, seed: int) -> tuple[list[Kill
     _, err = trainer.communicate(timeout=600)
     assert trainer.returncode == 0, err[-3000:]
     return kills, err
-
-
-def wait_until(trainer: subprocess.Popen[str], condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + 300
-    while not condition():
-        assert trainer.poll() is None, trainer.communicate()[1][-3000:]
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
 
 
 def trained(out: Path) -> list[list[Any]]:
