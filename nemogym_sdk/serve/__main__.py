@@ -61,17 +61,27 @@ def build_parser() -> argparse.ArgumentParser:
             "logprobs, the on-policy prefix splice, and vLLM's runtime LoRA routes."
         ),
     )
-    parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free)")
-    parser.add_argument(
+    _add_server_arguments(parser.add_argument_group("server and model"))
+    _add_vllm_arguments(
+        parser.add_argument_group("--backend vllm (a vLLM server, or replicas behind vllm-router)")
+    )
+    _add_turn_arguments(parser.add_argument_group("turns and adapter versions"))
+    _add_scripted_arguments(parser.add_argument_group("--mode scripted"))
+    return parser
+
+
+def _add_server_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    group.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free)")
+    group.add_argument(
         "--model", default=None, help="local model directory (default: the built-in tiny model)"
     )
-    parser.add_argument(
+    group.add_argument(
         "--served-model-name",
         default=None,
         help="model name clients send (default: nemogym-tiny, or the --model path)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--backend",
         choices=("transformers", "vllm"),
         default="transformers",
@@ -80,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
             "token ids, to the vLLM server at --vllm-url serving the same --model directory"
         ),
     )
-    parser.add_argument(
+    group.add_argument(
         "--device",
         default=None,
         help=(
@@ -88,12 +98,44 @@ def build_parser() -> argparse.ArgumentParser:
             "(cuda when torch sees a GPU); vLLM chooses its own device"
         ),
     )
-    parser.add_argument(
+    group.add_argument(
+        "--seed", type=int, default=0, help="seed of the tiny model's weights and of sampling"
+    )
+    group.add_argument(
+        "--max-model-len", type=int, default=None, help="context window (default: from config)"
+    )
+    group.add_argument(
+        "--max-num-seqs",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help=(
+            "--backend transformers: most generations decoded together, one forward pass per "
+            "token for all of them (vLLM's name; default 64)"
+        ),
+    )
+    group.add_argument(
+        "--save-tiny",
+        metavar="DIR",
+        default=None,
+        help="save the tiny model and tokenizer to DIR (loadable with --model) and exit",
+    )
+    group.add_argument(
+        "--record",
+        metavar="PATH",
+        default=None,
+        help="append one JSON line per generation (its sampling parameters, seed, model) to PATH",
+    )
+    group.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+
+
+def _add_vllm_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
         "--vllm-url",
         default=None,
         help="--backend vllm: the vLLM server's base URL, e.g. http://127.0.0.1:8011/v1",
     )
-    parser.add_argument(
+    group.add_argument(
         "--replica",
         dest="replicas",
         metavar="URL",
@@ -105,13 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
             "the group's affinity key"
         ),
     )
-    parser.add_argument(
+    group.add_argument(
         "--vllm-timeout",
         type=float,
         default=600.0,
         help="--backend vllm: seconds one generation may take (default 600)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--replica-timeout",
         type=float,
         default=15.0,
@@ -121,19 +163,16 @@ def build_parser() -> argparse.ArgumentParser:
             "and has loaded every version served (default 15)"
         ),
     )
-    parser.add_argument(
+    group.add_argument(
         "--vllm-wait",
         type=float,
         default=60.0,
         help="--backend vllm: seconds to wait at start for vLLM to answer (default 60)",
     )
-    parser.add_argument(
-        "--record",
-        metavar="PATH",
-        default=None,
-        help="append one JSON line per generation (its sampling parameters, seed, model) to PATH",
-    )
-    parser.add_argument(
+
+
+def _add_turn_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
         "--mode",
         choices=("scripted", "sample"),
         default="scripted",
@@ -143,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
             "(default: scripted, or sample with --backend vllm, which serves only sample)"
         ),
     )
-    parser.add_argument(
+    group.add_argument(
         "--logprobs-mode",
         choices=("raw_logprobs", "processed_logprobs"),
         default="raw_logprobs",
@@ -153,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
             "with --backend vllm it must equal the vLLM server's --logprobs-mode (checked at start)"
         ),
     )
-    parser.add_argument(
+    group.add_argument(
         "--history",
         choices=("contiguous", "template"),
         default="contiguous",
@@ -165,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
             "on_drift='fork') (default: contiguous)"
         ),
     )
-    parser.add_argument(
+    group.add_argument(
         "--adapter-versions",
         type=int,
         default=1,
@@ -176,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
             "trainer with staleness K needs K + 2 (default 1: one version, reloaded in place)"
         ),
     )
-    parser.add_argument(
+    group.add_argument(
         "--version-policy",
         choices=("pinned", "in_flight"),
         default="pinned",
@@ -186,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
             "(default pinned)"
         ),
     )
-    parser.add_argument(
+    group.add_argument(
         "--reasoning-parser",
         choices=REASONING_PARSERS,
         default=None,
@@ -195,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
             "message's 'reasoning' (default: none)"
         ),
     )
-    parser.add_argument(
+    group.add_argument(
         "--tool-call-parser",
         choices=(*TOOL_CALL_PARSERS, "none"),
         default="hermes",
@@ -204,13 +243,16 @@ def build_parser() -> argparse.ArgumentParser:
             "--enable-auto-tool-choice); none: no tool calls (default: hermes)"
         ),
     )
-    parser.add_argument(
+
+
+def _add_scripted_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
         "--scripted-tool-turns",
         type=int,
         default=2,
         help="scripted mode: how many assistant turns call a tool before answering (default 2)",
     )
-    answers = parser.add_mutually_exclusive_group()
+    answers = group.add_mutually_exclusive_group()
     answers.add_argument(
         "--scripted-answer", default=None, help="scripted mode: the final text answer"
     )
@@ -223,30 +265,6 @@ def build_parser() -> argparse.ArgumentParser:
             'says: {"default": TEXT, "rules": [{"match": REGEX, "answer": TEXT}, ...]}'
         ),
     )
-    parser.add_argument(
-        "--seed", type=int, default=0, help="seed of the tiny model's weights and of sampling"
-    )
-    parser.add_argument(
-        "--max-model-len", type=int, default=None, help="context window (default: from config)"
-    )
-    parser.add_argument(
-        "--max-num-seqs",
-        type=_positive_int,
-        default=None,
-        metavar="N",
-        help=(
-            "--backend transformers: most generations decoded together, one forward pass per "
-            "token for all of them (vLLM's name; default 64)"
-        ),
-    )
-    parser.add_argument(
-        "--save-tiny",
-        metavar="DIR",
-        default=None,
-        help="save the tiny model and tokenizer to DIR (loadable with --model) and exit",
-    )
-    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
-    return parser
 
 
 async def _serve(engine: ServeEngine, host: str, port: int) -> int:
