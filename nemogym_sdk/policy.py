@@ -26,6 +26,10 @@ def _positive(instance: object, attribute: attrs.Attribute[Any], value: Any) -> 
         raise ConfigError(f"{attribute.name} must be > 0 seconds, got {value!r}")
 
 
+_TRY_LATER = frozenset({429, 502, 503, 504})
+"""Statuses that mean "try again later": retried even when they repeat."""
+
+
 @attrs.frozen(kw_only=True)
 class Timeouts:
     """Separate deadlines, in seconds, for one request and for a whole batch.
@@ -59,6 +63,13 @@ class RetryPolicy:
     with side effects may apply them twice. Opt in when episodes are idempotent and a
     stall is more likely a lost connection than an overloaded server. A retry never
     outlives the batch deadline (``Timeouts.total``).
+
+    Why a repeated 500 is final by default: a server's own failure (500, 501, 505 and the
+    other 5xx that do not mean "try later") that comes back with exactly the same status
+    and body on the replay is the episode's failure, not the network's: NeMo Gym's agent
+    raises the same exception for the same row every time, and two more replays would
+    only cost two more episodes. 429, 502, 503 and 504 say "try again later" by
+    definition and are retried up to ``max_attempts`` whatever their body.
     """
 
     max_attempts: int = 4
@@ -69,6 +80,9 @@ class RetryPolicy:
     """Cap on one backoff delay in seconds."""
     retry_timeouts: bool = False
     """Also retry an attempt that got no complete answer within ``Timeouts.request``
+    (off by default: see above)."""
+    retry_repeated_errors: bool = False
+    """Also retry a server error whose answer repeats the previous attempt's exactly
     (off by default: see above)."""
 
     def __attrs_post_init__(self) -> None:
@@ -88,6 +102,11 @@ class RetryPolicy:
     def retryable_status(status: int) -> bool:
         """Whether an HTTP status is worth retrying (429 and 5xx)."""
         return status == 429 or 500 <= status <= 599
+
+    def final_on_repeat(self, status: int) -> bool:
+        """Whether an HTTP error that repeats the previous attempt's answer exactly ends
+        the retries (a server's own failure; never 429, 502, 503 or 504)."""
+        return not self.retry_repeated_errors and status not in _TRY_LATER
 
     def delay(self, retry: int, rng: random.Random, retry_after: float | None = None) -> float:
         """Seconds to wait before retry number ``retry`` (1-based)."""

@@ -31,6 +31,7 @@ from aiohttp import web
 from nemogym_sdk.testing.fake_agent import (
     HTTP_STATUS,
     OK_SCRIPT,
+    REPEAT_IS_FINAL,
     RETRYABLE,
     AttemptRecord,
     Fault,
@@ -47,6 +48,7 @@ from nemogym_sdk.testing.fake_agent import FakeAgent as FaultAgent
 __all__ = [
     "HTTP_STATUS",
     "OK_SCRIPT",
+    "REPEAT_IS_FINAL",
     "RETRYABLE",
     "TASK_KEY",
     "AttemptRecord",

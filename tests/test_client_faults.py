@@ -16,8 +16,10 @@ import time
 from collections import Counter
 from collections.abc import AsyncGenerator, Iterator
 
+import attrs
 import numpy as np
 import pytest
+from aiohttp import web
 
 from nemogym_sdk import (
     AgentClient,
@@ -32,9 +34,11 @@ from nemogym_sdk import (
     reward_nemo_gym_verify,
     verify_stats,
 )
+from nemogym_sdk.testing.fake_agent import serve_routes
 from tests.axolotl.fakes import head_server
 from tests.fault_agent import (
     HTTP_STATUS,
+    REPEAT_IS_FINAL,
     RETRYABLE,
     TASK_KEY,
     Fault,
@@ -55,7 +59,7 @@ FAST_RETRY = RetryPolicy(max_attempts=4, base_delay=0.001, max_delay=0.01)
 
 TRANSIENT: tuple[FaultScript, ...] = (
     burst(Fault.HTTP_500, 1),
-    burst(Fault.HTTP_500, 2),
+    FaultScript(faults=(Fault.HTTP_500, Fault.HTTP_503)),
     burst(Fault.HTTP_503, 3),
     burst(Fault.HTTP_429, 2),
     burst(Fault.RESET, 1),
@@ -113,7 +117,8 @@ def _expect(script: FaultScript, generations: int, retry: RetryPolicy) -> tuple[
 
     A transient script's ``k`` failures are shared by the row's repeats, each of which
     then succeeds once: ``k + generations`` attempts. A permanent retryable fault costs
-    every repeat ``max_attempts``; a fault that is not retried costs one attempt each.
+    every repeat ``max_attempts``, a 500 that repeats exactly two (the repeat is final); a
+    fault that is not retried costs one attempt each.
     """
     if not script.permanent:
         assert all(f in RETRYABLE for f in script.faults)
@@ -122,6 +127,8 @@ def _expect(script: FaultScript, generations: int, retry: RetryPolicy) -> tuple[
     assert not script.faults
     fault = script.then
     per_rollout = retry.max_attempts if fault in RETRYABLE else 1
+    if fault in REPEAT_IS_FINAL:
+        per_rollout = min(2, retry.max_attempts)
     if fault in HTTP_STATUS:
         status = RolloutStatus.AGENT_ERROR
     elif fault is Fault.STALL:
@@ -251,6 +258,51 @@ def test_client_errors_are_never_retried() -> None:
     assert rollout.status is RolloutStatus.AGENT_ERROR
     assert "HTTP 422" in (rollout.error or "") and "injected 422" in (rollout.error or "")
     assert agent.attempts("t0") == 2 and agent.attempts("t1") == 1
+
+
+def test_a_500_that_repeats_exactly_is_final_after_two_attempts() -> None:
+    """The same 500 twice is the episode's failure: two attempts, not four, and the reason
+    says so; a repeated 503 ("try later") still gets every attempt; with
+    ``retry_repeated_errors`` the 500s are retried through to the success behind them."""
+    plan = {"t0": always(Fault.HTTP_500), "t1": always(Fault.HTTP_503)}
+    plan |= {"t2": FaultScript(faults=(Fault.HTTP_500,) * 3)}
+    with (
+        fault_agent(plan) as agent,
+        AgentClient({"a": agent.url}, retry=FAST_RETRY) as client,
+    ):
+        final, later, _ = client.run_sync(_rows(3), eos_token_id=EOS)
+    assert final.status is later.status is RolloutStatus.AGENT_ERROR
+    assert "HTTP 500" in (final.error or "") and "after 2 attempts" in (final.error or "")
+    assert (agent.attempts("t0"), agent.attempts("t1")) == (2, FAST_RETRY.max_attempts)
+    assert agent.attempts("t2") == 2
+    replaying = attrs.evolve(FAST_RETRY, retry_repeated_errors=True)
+    with (
+        fault_agent(plan) as agent,
+        AgentClient({"a": agent.url}, retry=replaying) as client,
+    ):
+        final, _, recovered = client.run_sync(_rows(3), eos_token_id=EOS)
+    assert recovered.status is RolloutStatus.OK, recovered.error
+    assert (agent.attempts("t0"), agent.attempts("t2")) == (FAST_RETRY.max_attempts, 4)
+
+
+def test_a_server_error_cut_short_by_the_deadline_keeps_its_cause() -> None:
+    """A 500 that takes 0.4 s and differs each time is retried until the 1 s deadline cuts
+    an attempt: the rollout is a TIMEOUT, and its reason still names the 500 before it."""
+    answers = iter(range(100))
+
+    async def run(request: web.Request) -> web.Response:
+        await asyncio.sleep(0.4)
+        return web.json_response({"detail": f"boom {next(answers)}"}, status=500)
+
+    retry = RetryPolicy(max_attempts=10, base_delay=0.001, max_delay=0.01)
+    with (
+        serve_routes([web.post("/run", run)]) as url,
+        AgentClient({"a": url}, retry=retry, timeouts=Timeouts(total=1.0)) as client,
+    ):
+        (rollout,) = client.run_sync(_rows(1), eos_token_id=EOS)
+    assert rollout.status is RolloutStatus.TIMEOUT
+    assert "the attempt before: HTTP 500" in (rollout.error or ""), rollout.error
+    assert "boom 1" in (rollout.error or "")
 
 
 def test_retry_after_is_honoured() -> None:
@@ -549,7 +601,7 @@ def test_verifier_retries_bursts_and_types_permanent_failures() -> None:
     assert server.attempts("t2", "/seed_session") == FAST_RETRY.max_attempts
     assert server.attempts("t2", "/verify") == 0  # never verified without a session
     assert server.attempts("t3", "/verify") == 4
-    assert server.attempts("t4", "/verify") == FAST_RETRY.max_attempts
+    assert server.attempts("t4", "/verify") == 2  # the same 500 twice is final
     assert server.attempts("t7", "/verify") == 1
 
 

@@ -231,6 +231,7 @@ async def post_with_retries(
     attempt = Attempt(
         outcome=Outcome.TIMEOUT, attempts=0, error="the deadline passed before sending"
     )
+    failed: Attempt | None = None  # the last failed attempt before ``attempt``
     for number in range(1, retry.max_attempts + 1):
         if deadline is None:
             timeout = _timeout(request_timeout, connect_timeout)
@@ -240,6 +241,8 @@ async def post_with_retries(
                 break
             budget = min(request_timeout, left)
             timeout = aiohttp.ClientTimeout(total=budget, sock_connect=min(connect_timeout, budget))
+        if number > 1:
+            failed = attempt
         attempt = await post(
             session,
             url,
@@ -249,15 +252,35 @@ async def post_with_retries(
             cookies=cookies,
             want_cookies=want_cookies,
         )
-        retryable = (
-            attempt.outcome is Outcome.CONNECTION
-            or (attempt.outcome is Outcome.HTTP_ERROR and retry.retryable_status(attempt.status))
-            or (attempt.outcome is Outcome.TIMEOUT and retry.retryable_timeout())
-        )
-        if not retryable or number == retry.max_attempts:
+        if not _retryable(attempt, failed, retry) or number == retry.max_attempts:
             break
         wait = retry.delay(number, rng, attempt.retry_after)
         if deadline is not None and time.monotonic() + wait >= deadline:
             break
         await asyncio.sleep(wait)
-    return attempt
+    return _with_earlier_cause(attempt, failed)
+
+
+def _retryable(attempt: Attempt, failed: Attempt | None, retry: RetryPolicy) -> bool:
+    """Whether ``attempt`` is worth another: connection errors, 429 and 5xx (and timeouts
+    when the policy opts in), except a server error that repeats ``failed`` exactly."""
+    if attempt.outcome is Outcome.CONNECTION:
+        return True
+    if attempt.outcome is Outcome.TIMEOUT:
+        return retry.retryable_timeout()
+    if attempt.outcome is not Outcome.HTTP_ERROR or not retry.retryable_status(attempt.status):
+        return False
+    repeated = (
+        failed is not None
+        and failed.outcome is Outcome.HTTP_ERROR
+        and (failed.status, failed.body) == (attempt.status, attempt.body)
+    )
+    return not (repeated and retry.final_on_repeat(attempt.status))
+
+
+def _with_earlier_cause(attempt: Attempt, failed: Attempt | None) -> Attempt:
+    """A last attempt that timed out (the deadline cut it short) keeps the cause of the
+    failure before it: a persistent 500 whose retries outlast the deadline still says 500."""
+    if attempt.outcome is not Outcome.TIMEOUT or failed is None or failed.error is None:
+        return attempt
+    return attempt._replace(error=f"{attempt.error}; the attempt before: {failed.error}")

@@ -39,6 +39,7 @@ from nemogym_sdk.testing.episodes import Episode
 __all__ = [
     "HTTP_STATUS",
     "OK_SCRIPT",
+    "REPEAT_IS_FINAL",
     "RETRYABLE",
     "AttemptRecord",
     "FakeAgent",
@@ -99,6 +100,11 @@ RETRYABLE = frozenset(
     }
 )
 """Faults a client should retry: connection errors, 429 and 5xx."""
+
+REPEAT_IS_FINAL = frozenset({Fault.HTTP_500})
+"""Retryable faults whose answer is the same on every attempt and does not say "try later":
+the client stops at the first exact repeat (``RetryPolicy.retry_repeated_errors``), so a
+row that always fails so costs two attempts."""
 
 
 @attrs.frozen

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from nemogym_sdk import AgentClient, RetryPolicy, RolloutStatus, Timeouts
 from nemogym_sdk.testing import Episode, FakeAgent, Fault, FaultScript, always, burst, episodes
-from nemogym_sdk.testing.fake_agent import RETRYABLE, fake_agent
+from nemogym_sdk.testing.fake_agent import REPEAT_IS_FINAL, RETRYABLE, fake_agent
 from tests.fakes import SINGLE_TURN
 
 EOS = 2
@@ -72,6 +72,8 @@ def test_permanent_faults_become_typed_failures(
     assert ok.status is RolloutStatus.OK
     assert ok.completion_ids.tolist() == [7, 8]
     expected_attempts = FAST_RETRY.max_attempts if fault in RETRYABLE else 1
+    if fault in REPEAT_IS_FINAL:
+        expected_attempts = 2  # the same 500 twice is the episode's failure, not the network's
     assert agent.attempts("t0") == (1 if fault is Fault.STALL else expected_attempts)
 
 
