@@ -3,15 +3,19 @@ a sampler that does not answer, an output directory that cannot be written."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections import Counter
 from pathlib import Path
 
+import attrs
 import pytest
 
+from nemogym_sdk import Rollout, RolloutStatus
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.processes import free_loopback_ports
+from nemogym_sdk.train.failures import FAILURES_FILE, check_step
 from nemogym_sdk.train.faults import (
     Interrupted,
     RunStoppedError,
@@ -20,6 +24,7 @@ from nemogym_sdk.train.faults import (
     check_rollouts,
     writing,
 )
+from nemogym_sdk.train.play import Played
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
@@ -68,6 +73,48 @@ def test_failures_up_to_the_bound_go_on_and_past_it_stop() -> None:
     assert "9 of 16 rollouts of step 3 failed (agent_error: 8, timeout: 1)" in message
     assert "max_failure_rate=0.5" in message
     check_rollouts(3, Counter(agent_error=16), 16, 1.0, None)  # 1: never stops
+
+
+def _failed(row: str, status: RolloutStatus, reason: str) -> Rollout:
+    return attrs.evolve(Rollout.failed(status, 2, error=reason), row_id=row)
+
+
+def test_a_steps_failures_are_written_with_their_reasons_before_the_bound_stops_it(
+    tmp_path: Path,
+) -> None:
+    """Each failed rollout of a step becomes a line of failures.jsonl (its row, status and
+    reason), written before the bound is checked; the message that stops the run names that
+    file and the logs, and says NeMo Gym's are the deployment's when the trainer did not
+    start it."""
+    ok = attrs.evolve(_failed("r0", RolloutStatus.TIMEOUT, "x"), status=RolloutStatus.OK)
+    first = [ok, _failed("r1", RolloutStatus.AGENT_ERROR, "HTTP 500 from .../run: boom")]
+    check_step(0, Played(first, 0.0, {}, []), tmp_path, 0.5, None)
+    second = [_failed(f"r{i}", RolloutStatus.TIMEOUT, f"no answer {i}") for i in range(2)]
+    with pytest.raises(RunStoppedError) as info:
+        check_step(1, Played([ok, *second], 0.0, {}, []), tmp_path, 0.5, None)
+    lines = [json.loads(line) for line in (tmp_path / FAILURES_FILE).read_text().splitlines()]
+    assert lines == [
+        {"step": 0, "row_id": "r1", "status": "agent_error", "reason": first[1].error},
+        {"step": 1, "row_id": "r0", "status": "timeout", "reason": "no answer 0"},
+        {"step": 1, "row_id": "r1", "status": "timeout", "reason": "no answer 1"},
+    ]
+    message = str(info.value)
+    assert "2 of 3 rollouts of step 1 failed (timeout: 2)" in message
+    assert f"reason is in {tmp_path / FAILURES_FILE}" in message
+    assert f"logs are in {tmp_path / 'logs'}/" in message
+    assert "NeMo Gym's where its deployment keeps them" in message
+    (tmp_path / "gym" / "logs").mkdir(parents=True)
+    with pytest.raises(RunStoppedError, match=rf"NeMo Gym's in {tmp_path / 'gym' / 'logs'}/"):
+        check_step(1, Played(second, 0.0, {}, []), tmp_path, 0.5, None)
+
+
+def test_episodes_cut_as_stragglers_are_recorded_but_not_counted(tmp_path: Path) -> None:
+    """An async step's episodes cut at the straggler bound are in failures.jsonl (their
+    reason says so) but not against max_failure_rate."""
+    cut = [_failed(f"r{i}", RolloutStatus.TIMEOUT, "cut as a straggler") for i in range(3)]
+    check_step(4, Played(cut, 0.0, {"engine_cut_episodes": 3.0}, []), tmp_path, 0.0, None)
+    lines = (tmp_path / FAILURES_FILE).read_text().splitlines()
+    assert [json.loads(line)["reason"] for line in lines] == ["cut as a straggler"] * 3
 
 
 def test_failures_with_a_sampler_that_does_not_answer_stop_the_run() -> None:

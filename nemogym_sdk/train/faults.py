@@ -8,7 +8,8 @@ an output it cannot write.
   started stopped, a one-line message, exit status ``128 + signal``.
 - ``check_rollouts``: before a step learns, a step whose failed rollouts exceed
   ``max_failure_rate``, or whose sampler no longer answers, stops the run
-  (``RunStoppedError``) at that step boundary, with a checkpoint.
+  (``RunStoppedError``) at that step boundary, with a checkpoint; the message names where
+  the reasons are (``where_reasons``: ``failures.jsonl`` and the logs).
 - ``SamplerWatch``: the sampler is asked every few seconds whether it still answers; one
   that stopped answering stops the run the way a signal does (NeMo Gym's model server
   retries a sampler that refuses connections without end, so its episodes would only
@@ -41,6 +42,7 @@ __all__ = [
     "StopSignals",
     "check_out",
     "check_rollouts",
+    "where_reasons",
     "writing",
 ]
 
@@ -141,11 +143,18 @@ class StopSignals:
 
 
 def check_rollouts(
-    step: int, failures: Mapping[str, int], rollouts: int, max_rate: float, sampler: str | None
+    step: int,
+    failures: Mapping[str, int],
+    rollouts: int,
+    max_rate: float,
+    sampler: str | None,
+    *,
+    out: Path | None = None,
 ) -> None:
     """Stop the run before ``step`` learns when its failed rollouts (``failures``: count by
     status, over every rank) exceed ``max_rate`` of ``rollouts``, or when some failed and
-    the ``sampler`` (its OpenAI base URL; None: not checked) no longer answers."""
+    the ``sampler`` (its OpenAI base URL; None: not checked) no longer answers. The message
+    names where the reasons are: ``out``'s ``failures.jsonl`` and the servers' logs."""
     failed = sum(failures.values())
     if not failed:
         return
@@ -154,14 +163,31 @@ def check_rollouts(
     if gone is not None:
         raise RunStoppedError(
             f"the sampler at {sampler} does not answer ({gone}) and {failed} of {rollouts} "
-            f"rollouts of step {step} failed ({counts}); its log is in the run's logs/"
+            f"rollouts of step {step} failed ({counts}); {where_reasons(out)}"
         )
     if failed > max_rate * rollouts:
         raise RunStoppedError(
             f"{failed} of {rollouts} rollouts of step {step} failed ({counts}), more than "
-            f"max_failure_rate={max_rate:g}; the reasons are in rollouts' failure details, the "
-            "servers' logs in the run's logs/ (raise max_failure_rate to go on through them)"
+            f"max_failure_rate={max_rate:g}; {where_reasons(out)} (raise max_failure_rate to "
+            "go on through them)"
         )
+
+
+def where_reasons(out: Path | None) -> str:
+    """Where a run's failures are explained: its ``failures.jsonl``, the samplers' logs and,
+    when the trainer started NeMo Gym, its servers' logs."""
+    if out is None:
+        return "the reasons are in the rollouts' errors and the servers' logs"
+    gym = out / "gym" / "logs"
+    gym_logs = (
+        f", NeMo Gym's in {gym}/"
+        if gym.is_dir()
+        else ", NeMo Gym's where its deployment keeps them (the trainer did not start it)"
+    )
+    return (
+        f"each failed rollout's reason is in {out / 'failures.jsonl'}; the samplers' logs are "
+        f"in {out / 'logs'}/{gym_logs}"
+    )
 
 
 def sampler_gone(url: str, timeout: float = 10.0) -> str | None:

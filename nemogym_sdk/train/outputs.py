@@ -24,6 +24,7 @@ from typing import Any, TypeAlias
 
 from nemogym_sdk.train.checkpoints import latest
 from nemogym_sdk.train.config import TrainConfig
+from nemogym_sdk.train.failures import FAILURES_FILE
 from nemogym_sdk.train.trackers import Trackers
 
 __all__ = [
@@ -80,6 +81,8 @@ def outputs(config: TrainConfig, out: Path, start: int, rank: int) -> Iterator[M
     trackers = Trackers.start(config.report_to, config, out) if rank == 0 else None
     bar = progress(config, start, rank)
     metrics_file = open_metrics(out / "metrics.jsonl", start) if rank == 0 else None
+    if rank == 0:  # failures.jsonl keeps the steps before ``start`` too
+        open_metrics(out / FAILURES_FILE, start).close()
 
     def log(line: dict[str, Any]) -> None:
         if metrics_file is not None:
@@ -138,10 +141,10 @@ def postfix(line: Mapping[str, Any]) -> dict[str, str]:
 
 
 def open_metrics(path: Path, start: int) -> Any:
-    """``metrics.jsonl`` for appending, without lines of steps from ``start`` on (a resumed
-    run repeats the steps after its checkpoint; a run from step 0 keeps none, such as one
-    killed before its first checkpoint and started again) and without a line cut short by
-    a kill; rewritten aside, then renamed."""
+    """``metrics.jsonl`` (or ``failures.jsonl``) for appending, without lines of steps from
+    ``start`` on (a resumed run repeats the steps after its checkpoint; a run from step 0
+    keeps none, such as one killed before its first checkpoint and started again) and
+    without a line cut short by a kill; rewritten aside, then renamed."""
     if path.exists():
         kept = [line for line in path.read_text().splitlines() if _step_of(line) < start]
         aside = path.with_name(f".{path.name}.tmp")

@@ -39,7 +39,9 @@ Top to bottom:
 Everything lands in ``out``: ``metrics.jsonl`` (a line per step: the SDK's step metrics,
 ``nemogym_sdk.metrics.RolloutStats`` and ``adapters.torch.StepMetrics``, over every rank,
 plus seconds per phase), ``checkpoints/step_NNNNNN/``, ``summary.json``,
-``reward_curve.png`` and ``logs/``.
+``reward_curve.png``, ``failures.jsonl`` (a line per failed rollout: step, row, status,
+reason), ``logs/`` (the samplers') and ``gym/logs/`` (NeMo Gym's servers, when the trainer
+started them).
 """
 
 from __future__ import annotations
@@ -50,7 +52,6 @@ import logging
 import os
 import sys
 import time
-from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -83,13 +84,13 @@ from nemogym_sdk.train.checkpoints import (
     save_checkpoint,
 )
 from nemogym_sdk.train.config import REQUEST_TIMEOUT_S, TrainConfig, parse_config, resolve_device
+from nemogym_sdk.train.failures import check_step
 from nemogym_sdk.train.faults import (
     Interrupted,
     RunStoppedError,
     SamplerWatch,
     StopSignals,
     check_out,
-    check_rollouts,
     writing,
 )
 from nemogym_sdk.train.learner import (
@@ -100,7 +101,7 @@ from nemogym_sdk.train.learner import (
     setup_processes,
 )
 from nemogym_sdk.train.outputs import MetricsLog, finish, library_warnings, outputs, say
-from nemogym_sdk.train.play import Played, RolloutSource, play
+from nemogym_sdk.train.play import RolloutSource, play
 from nemogym_sdk.train.sampler import sampler
 from nemogym_sdk.wire import RESPONSES_CREATE_PARAMS, input_messages
 
@@ -353,11 +354,8 @@ def train_steps(
     config, rank = setup.config, ranks.rank()
     sampler = None if sync is None else openai_url(sync.base_url)
     for step, played in enumerate(source.steps(), start=done.steps):
-        counted = ranks.gather((failed_rollouts(played), len(played.rollouts)))
-        failures, rollouts = sum((c for c, _ in counted), Counter()), sum(n for _, n in counted)
-        limit = config.max_failure_rate
         # stopped here, the weights are those of the finished steps (a checkpoint keeps them)
-        ranks.on_main(functools.partial(check_rollouts, step, failures, rollouts, limit, sampler))
+        check_step(step, played, done.out, config.max_failure_rate, sampler)
         with signals.deferred():
             done.learning()
             line: dict[str, Any] = {"step": step, "device": setup.device}
@@ -391,16 +389,6 @@ def checkpoint(
     state = {"engine": source.state()}
     save_checkpoint(model, optimizer, done.out, done.steps, curve, state, write=write)
     done.checkpointed()
-
-
-def failed_rollouts(played: Played) -> Counter[str]:
-    """This rank's failed rollouts of a step, by status (episodes ``cut_stragglers`` ended
-    are not failures of the environment)."""
-    counts = Counter(r.status.value for r in played.rollouts if not r.ok)
-    cut = int(played.metrics.get("engine_cut_episodes", 0))
-    if cut:
-        counts["timeout"] = max(0, counts["timeout"] - cut)
-    return +counts
 
 
 def run(config: TrainConfig, *, signals: StopSignals | None = None) -> dict[str, Any]:

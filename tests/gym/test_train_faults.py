@@ -295,6 +295,11 @@ def test_a_dead_environment_server_past_the_bound_stops_the_run(
     assert len(logged) == step and "max_failure_rate=0.5" in last
     assert [p.name for p in (out / "checkpoints").iterdir()] == [f"step_{step:06d}"]
     assert f"step_{step:06d}: continue with --resume" in last
+    # the reasons are where the message says: a line per failed rollout, and the logs
+    assert f"reason is in {out / 'failures.jsonl'}" in last and f"{out / 'gym' / 'logs'}/" in last
+    failed = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
+    assert [f["step"] for f in failed] == [step] * int(stopped[1])
+    assert all(f["status"] == "timeout" and f["reason"] and f["row_id"] for f in failed), failed
 
 
 def test_nemo_gyms_own_launcher_runs_the_environments_and_a_killed_trainer_leaves_none_of_it(

@@ -1,0 +1,74 @@
+"""A step's failed rollouts: recorded in ``failures.jsonl``, counted, and checked against
+``max_failure_rate`` before the step learns.
+
+- ``failure_lines``: a line per failed rollout of a step: its step, row, status and reason
+  (an episode that ``cut_stragglers`` ended included: its reason says so);
+- ``record_failures``: every rank's lines, appended to ``out/failures.jsonl`` (a resumed run
+  drops the lines of the steps it repeats, as ``metrics.jsonl``'s);
+- ``failed_rollouts``: a rank's failures by status, the episodes cut as stragglers left out;
+- ``check_step``: all of it for one step, then ``check_rollouts``, on the main rank.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from nemogym_sdk import ranks
+from nemogym_sdk.records import Rollout
+from nemogym_sdk.train.checkpoints import latest
+from nemogym_sdk.train.faults import check_rollouts, writing
+from nemogym_sdk.train.play import Played
+
+__all__ = ["FAILURES_FILE", "check_step", "failed_rollouts", "failure_lines", "record_failures"]
+
+FAILURES_FILE = "failures.jsonl"
+"""In ``out``: a line per failed rollout, ``{"step", "row_id", "status", "reason"}``."""
+
+
+def failure_lines(step: int, rollouts: Sequence[Rollout]) -> list[dict[str, Any]]:
+    """A line of ``failures.jsonl`` per failed rollout of ``step`` (an episode that
+    ``cut_stragglers`` ended included: its reason says so)."""
+    return [
+        {"step": step, "row_id": r.row_id, "status": r.status.value, "reason": r.error}
+        for r in rollouts
+        if not r.ok
+    ]
+
+
+def record_failures(out: Path, lines: Sequence[Mapping[str, Any]]) -> None:
+    """Append ``lines`` (``failure_lines``, every rank's) to ``out/failures.jsonl``."""
+    if lines:
+        with (out / FAILURES_FILE).open("a") as handle:
+            handle.write("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def check_step(step: int, played: Played, out: Path, max_rate: float, sampler: str | None) -> None:
+    """Every rank's failed rollouts of ``step`` as lines of ``failures.jsonl``, then the step
+    checked against ``max_rate`` and the sampler (``check_rollouts``), on the main rank."""
+    counted = ranks.gather(
+        (failed_rollouts(played), len(played.rollouts), failure_lines(step, played.rollouts))
+    )
+    failures = sum((c for c, _, _ in counted), Counter[str]())
+    rollouts = sum(n for _, n, _ in counted)
+    lines = [line for _, _, rank_lines in counted for line in rank_lines]
+
+    def on_main() -> None:
+        with writing(f"{out / FAILURES_FILE}", latest(out)):
+            record_failures(out, lines)
+        check_rollouts(step, failures, rollouts, max_rate, sampler, out=out)
+
+    ranks.on_main(on_main)
+
+
+def failed_rollouts(played: Played) -> Counter[str]:
+    """This rank's failed rollouts of a step, by status (episodes ``cut_stragglers`` ended
+    are not failures of the environment)."""
+    counts = Counter(r.status.value for r in played.rollouts if not r.ok)
+    cut = int(played.metrics.get("engine_cut_episodes", 0))
+    if cut:
+        counts["timeout"] = max(0, counts["timeout"] - cut)
+    return +counts
