@@ -35,6 +35,7 @@ from nemogym_sdk.errors import ConfigError, DriftError
 from nemogym_sdk.masks import CompletionBuilder
 from nemogym_sdk.records import DriftPolicy, DriftReport, Rollout, RolloutStatus
 from nemogym_sdk.wire import ModelTurn, RunResult, decode_run_result
+from nemogym_sdk.wire.names import NG_TIMEOUT_FAILURES, NG_TRANSPORT_FAILURES
 
 __all__ = ["parse_agent_response"]
 
@@ -124,8 +125,22 @@ def _check_arguments(
         raise ConfigError(f"on_drift must be one of {choices}, got {on_drift!r}") from None
 
 
+def _nemo_gym_failure_status(failure_class: str) -> RolloutStatus:
+    """The status of a NeMo Gym failure row by its class: transport, deadline, or the
+    episode's own failure (an agent error)."""
+    if failure_class in NG_TRANSPORT_FAILURES:
+        return RolloutStatus.TRANSPORT_ERROR
+    if failure_class in NG_TIMEOUT_FAILURES:
+        return RolloutStatus.TIMEOUT
+    return RolloutStatus.AGENT_ERROR
+
+
 def _failure(result: RunResult, eos: int) -> Rollout | None:
-    """The seed contract's failure cases, in the seed's order, or None to go on."""
+    """The seed contract's failure cases, in the seed's order, or None to go on (NeMo Gym's
+    own failure rows first: they are no ``/run`` result at all)."""
+    if result.failure_class is not None:
+        status = _nemo_gym_failure_status(result.failure_class)
+        return Rollout.failed(status, eos, error=result.error)
     kept = result.reward if result.reward is not None else 0.0
     components = result.reward_components
     if result.error is not None:

@@ -323,3 +323,60 @@ def test_row_id_and_repeat_index_are_stamped_on_every_sample() -> None:
     assert (plain.row_id, plain.repeat_index) == (None, None)
     repeat = parse_agent_response(THREE_TURNS, EOS, row_id="r", repeat_index=np.int64(4))
     assert type(repeat.repeat_index) is int and repeat.repeat_index == 4
+
+
+@pytest.mark.parametrize(
+    ("row", "status", "reason"),
+    [
+        (
+            {
+                "_ng_failure_class": "agent_run_error",
+                "_ng_failure_type": "ClientResponseError",
+                "_ng_failure_message": "500, message='Internal Server Error'",
+                "_ng_failure_http_status": 500,
+                "_ng_failure_response_body": "ValueError(no tool named search)",
+            },
+            RolloutStatus.AGENT_ERROR,
+            "NeMo Gym agent_run_error (HTTP 500, ClientResponseError): 500, message='Internal "
+            "Server Error'; body: ValueError(no tool named search)",
+        ),
+        (
+            {"_ng_failure_class": "agent_request_failed", "_ng_failure_message": "reset"},
+            RolloutStatus.TRANSPORT_ERROR,
+            "NeMo Gym agent_request_failed: reset",
+        ),
+        (
+            {
+                "_ng_task_id": 3,
+                "_ng_failure_class": "environment_server_failed",
+                "_ng_failure_terminal": True,
+                "_ng_failure_message": "the sandbox crashed",
+                "_ng_failure_stage": "verification",
+            },
+            RolloutStatus.AGENT_ERROR,
+            "NeMo Gym environment_server_failed (stage verification, terminal): the sandbox "
+            "crashed",
+        ),
+        (
+            {
+                "_ng_failure_class": "cancelled",
+                "_ng_no_persist": True,
+                "_ng_dispatch_drained": True,
+                "error_message": "not dispatched: dispatch budget exhausted",
+            },
+            RolloutStatus.TIMEOUT,
+            "NeMo Gym cancelled: not dispatched: dispatch budget exhausted",
+        ),
+        ({"_ng_failure_class": "judge:odd"}, RolloutStatus.AGENT_ERROR, "NeMo Gym judge:odd"),
+    ],
+)
+def test_nemo_gyms_failure_rows_are_typed_failures_with_its_reason(
+    row: dict[str, Any], status: RolloutStatus, reason: str
+) -> None:
+    """A failure row of NeMo Gym's rollout collection (``route_failures_to_sidecar``, a
+    drained dispatch, an environment server's failure) holds no ``/run`` result: it parses
+    as a failure typed by its class, carrying NeMo Gym's reason, never as ``empty``."""
+    for given in (row, json.dumps(row)):
+        rollout = parse_agent_response(given, eos_token_id=EOS)
+        assert (rollout.status, rollout.error) == (status, reason)
+        assert rollout.completion_ids.tolist() == [EOS] and rollout.reward == 0.0

@@ -33,6 +33,32 @@ CONTENT = "content"
 OUTPUT_TEXT = "output_text"
 TEXT = "text"
 
+# NeMo Gym's rollout collection writes a failure row, not a /run result, for a rollout that
+# produced none: a failed /run under ``route_failures_to_sidecar``, a row its dispatch budget
+# never started, an environment server's handled failure.
+NG_FAILURE_CLASS = "_ng_failure_class"
+NG_FAILURE_MESSAGE = "_ng_failure_message"
+NG_FAILURE_TYPE = "_ng_failure_type"
+NG_FAILURE_HTTP_STATUS = "_ng_failure_http_status"
+NG_FAILURE_BODY = "_ng_failure_response_body"
+NG_FAILURE_STAGE = "_ng_failure_stage"
+NG_FAILURE_TERMINAL = "_ng_failure_terminal"
+NG_ERROR_MESSAGE = "error_message"
+"""The reason on a row the dispatch budget never started (``_ng_failure_class: cancelled``)."""
+NG_TRANSPORT_FAILURES = frozenset(
+    {
+        "agent_request_failed",
+        "transport_unreachable",
+        "transport_peer_drop",
+        "transport_local_resource",
+    }
+)
+"""Failure classes (NeMo Gym's ``failure_kinds``) where the rollout may never have run: no
+answer, or a gateway status in front of the agent."""
+NG_TIMEOUT_FAILURES = frozenset({"cancelled", "agent_timeout", "transport_timeout"})
+"""Failure classes of a deadline or a dispatch budget; every other class (``agent_run_error``,
+``environment_server_failed``, the judge's, the sandbox provider's ...) is the episode's own."""
+
 # Fields of a dataset row and of its request.
 RESPONSES_CREATE_PARAMS = "responses_create_params"
 AGENT_REF = "agent_ref"

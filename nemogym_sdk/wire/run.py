@@ -30,6 +30,14 @@ from nemogym_sdk.wire.names import (
     ITEM_TYPE,
     MASK_SAMPLE,
     MESSAGE,
+    NG_ERROR_MESSAGE,
+    NG_FAILURE_BODY,
+    NG_FAILURE_CLASS,
+    NG_FAILURE_HTTP_STATUS,
+    NG_FAILURE_MESSAGE,
+    NG_FAILURE_STAGE,
+    NG_FAILURE_TERMINAL,
+    NG_FAILURE_TYPE,
     OUTPUT,
     OUTPUT_TEXT,
     PROMPT_TOKEN_IDS,
@@ -106,6 +114,10 @@ class RunResult(NamedTuple):
     turn_problem: str | None = None
     """Why the first unusable model turn cannot be stitched (missing or empty prompt ids,
     missing logprobs, or a logprob count that differs from the token count)."""
+    failure_class: str | None = None
+    """NeMo Gym's ``_ng_failure_class`` when this is a failure row of its rollout collection
+    (``route_failures_to_sidecar``, a drained dispatch, an environment server's failure),
+    not a ``/run`` result; ``error`` then holds NeMo Gym's reason."""
 
 
 def decode_run_result(response: bytes | bytearray | memoryview | str | Any) -> RunResult:
@@ -261,6 +273,9 @@ def _walk(top: Any) -> RunResult:
     if not _is_object(top):
         return RunResult(invalid="the response is not a JSON object")
     get = _getter(top)
+    failure_class = get(NG_FAILURE_CLASS)
+    if failure_class is not None:
+        return RunResult(error=_failure_reason(get), reward=None, failure_class=str(failure_class))
     error = get(ERROR)
     common: dict[str, Any] = {
         "error": None if error is None else str(error),
@@ -282,6 +297,25 @@ def _walk(top: Any) -> RunResult:
     if not _is_array(output):
         return RunResult(invalid="'response.output' is not an array", **common)
     return _walk_output(output, common)
+
+
+def _failure_reason(get: Getter) -> str:
+    """NeMo Gym's reason for a failure row, with what it recorded: ``NeMo Gym
+    agent_run_error (HTTP 500, ClientResponseError): message; body: ...``."""
+    details = [
+        f"HTTP {get(NG_FAILURE_HTTP_STATUS)}" if get(NG_FAILURE_HTTP_STATUS) is not None else "",
+        str(get(NG_FAILURE_TYPE) or ""),
+        f"stage {get(NG_FAILURE_STAGE)}" if get(NG_FAILURE_STAGE) is not None else "",
+        "terminal" if get(NG_FAILURE_TERMINAL) is True else "",
+    ]
+    shown = ", ".join(d for d in details if d)
+    reason = f"NeMo Gym {get(NG_FAILURE_CLASS)}" + (f" ({shown})" if shown else "")
+    message, body = get(NG_FAILURE_MESSAGE) or get(NG_ERROR_MESSAGE), get(NG_FAILURE_BODY)
+    if message:
+        reason += f": {message}"
+    if body and str(body) not in str(message or ""):
+        reason += f"; body: {body}"
+    return reason
 
 
 def _walk_output(output: Any, common: dict[str, Any]) -> RunResult:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from nemogym_sdk import RolloutStatus, parse_agent_response
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.gym import GymVenv, PolicyModel, ResolvedEnvironment, build_stack_config
 from nemogym_sdk.gym.config import STACK_KEYS
@@ -250,3 +251,50 @@ def test_dataset_paths_resolve_against_the_environments_root(
     toy = _ok(resolved, "toy")
     relative = "resources_servers/toy/data/example.jsonl"
     assert toy.datasets == {relative: venv.site_packages / relative}
+
+
+FAILURE_ROWS = """
+import json
+from nemo_gym.rollout_collection import (
+    _agent_request_failure_row, _dispatch_drained_result, _episode_record,
+)
+class Failed(Exception):
+    response_content = b"ValueError(no tool named search)"
+rows = [
+    _agent_request_failure_row(Failed("500, message='Internal Server Error'"), 500),
+    _agent_request_failure_row(ConnectionResetError("reset by peer"), None),
+    _agent_request_failure_row(Failed("503, message='Service Unavailable'"), 503),
+    _episode_record({"task_id": 3, "failure": {
+        "failure_reason": "the sandbox crashed", "stage": "verification", "terminal": True}}),
+    _dispatch_drained_result(12.0, 30.0),
+]
+print(json.dumps(rows))
+"""
+
+
+def test_nemo_gyms_own_failure_rows_parse_as_typed_failures(gym_venv: GymVenv) -> None:
+    """The rows the installed NeMo Gym's rollout collection writes for a rollout without a
+    result (``route_failures_to_sidecar``: the agent broke, or never answered; an
+    environment server's failure; a row its dispatch budget never started), made by its
+    own code, parse as typed failures carrying its reason, never as ``empty``."""
+    done = subprocess.run(
+        [str(gym_venv.python), "-c", FAILURE_ROWS], capture_output=True, text=True, check=True
+    )
+    rows = json.loads(done.stdout.splitlines()[-1])
+    parsed = [parse_agent_response(row, eos_token_id=2) for row in rows]
+    assert [r.status for r in parsed] == [
+        RolloutStatus.AGENT_ERROR,
+        RolloutStatus.TRANSPORT_ERROR,
+        RolloutStatus.TRANSPORT_ERROR,
+        RolloutStatus.AGENT_ERROR,
+        RolloutStatus.TIMEOUT,
+    ]
+    reasons = [r.error or "" for r in parsed]
+    assert reasons[0].startswith("NeMo Gym agent_run_error (HTTP 500, Failed): 500, message=")
+    assert reasons[0].endswith("; body: ValueError(no tool named search)")
+    assert reasons[1] == "NeMo Gym agent_request_failed (ConnectionResetError): reset by peer"
+    assert "agent_request_failed (HTTP 503, Failed)" in reasons[2]
+    assert reasons[3] == (
+        "NeMo Gym environment_server_failed (stage verification, terminal): the sandbox crashed"
+    )
+    assert reasons[4].startswith("NeMo Gym cancelled: not dispatched: 12s left")
