@@ -53,6 +53,7 @@ from nemogym_sdk.gym import (
     GymStack,
     GymVenv,
     PolicyModel,
+    ServerDirectoryMissingError,
     build_stack_config,
     find_gym_venv,
     start_serve,
@@ -348,6 +349,9 @@ def sweep_one(
     except DatasetMissingError as error:
         why = f"{error.config_path.name} names {error.path.name}, which nemo-gym does not ship"
         return done("data", why)
+    except ServerDirectoryMissingError as error:
+        why = f"{error.server}: {error.directory.name}/ is not a server directory nemo-gym ships"
+        return done("start", why)
     except Exception as error:  # noqa: BLE001 -- every failure is an outcome, not the end
         stage = "requirements" if "equirement" in type(error).__name__ else "start"
         message = f"{type(error).__name__}: {error}"

@@ -11,6 +11,7 @@ that defines each class outside this one (a test checks that this drawing lists 
     │   ├── GymVenvNotFoundError               gym.errors: no NeMo Gym venv
     │   ├── UvNotFoundError                    gym.errors: no uv to build server venvs
     │   ├── DatasetMissingError                gym.errors: a config's example rows are missing
+    │   ├── ServerDirectoryMissingError        gym.errors: a config's server directory is missing
     │   ├── VllmVenvNotFoundError              samplers.vllm: no vLLM venv
     │   ├── RouterNotFoundError                samplers.router: no vllm-router executable
     │   └── EngineStalledError                 rollout_engine.groups: pacing can never fill a step

@@ -356,6 +356,7 @@ SURFACE: dict[str, set[str]] = {
         "BackendProcess",
         "CATALOGUE",
         "DatasetMissingError",
+        "ServerDirectoryMissingError",
         "EnvironmentInfo",
         "EnvironmentLocation",
         "EnvironmentSetup",

@@ -47,6 +47,7 @@ from nemogym_sdk.gym.errors import (
     DatasetMissingError,
     GymVenvNotFoundError,
     RequirementsInstallError,
+    ServerDirectoryMissingError,
     UvNotFoundError,
 )
 from nemogym_sdk.gym.launcher import GymLauncher
@@ -124,6 +125,7 @@ __all__ = [
     "SDK_ENVIRONMENTS",
     "SDK_ENVS_DIR",
     "SamplerFleet",
+    "ServerDirectoryMissingError",
     "ServerEnvironment",
     "ServerNotReadyError",
     "ServerRequirements",

@@ -26,7 +26,11 @@ import attrs
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.gym.catalog import missing_data_files
 from nemogym_sdk.gym.config import build_stack_config
-from nemogym_sdk.gym.errors import DatasetMissingError, UvNotFoundError
+from nemogym_sdk.gym.errors import (
+    DatasetMissingError,
+    ServerDirectoryMissingError,
+    UvNotFoundError,
+)
 from nemogym_sdk.gym.locate import GymVenv, locate_environment, split_environment_name
 from nemogym_sdk.gym.overlay import FileSource, make_overlay
 from nemogym_sdk.gym.server_envs import ServerEnvironment, find_uv, prepare_server_environment
@@ -113,7 +117,23 @@ class StackBuilder:
         for setup in config.environments:
             if not setup.example_path.is_file():
                 raise DatasetMissingError(setup.name, setup.config_path, setup.example_path)
+        for spec in config.servers:
+            directory = self._server_dir(spec)
+            if directory is not None and not directory.is_dir():
+                setups = [e for e in config.environments if e.name == spec.environment]
+                config_path = setups[0].config_path if setups else None
+                where = spec.environment or spec.instance
+                raise ServerDirectoryMissingError(where, config_path, _key(spec), directory)
         return config
+
+    def _server_dir(self, spec: ServerSpec) -> Path | None:
+        """Where ``spec``'s code is (its overlay starts from it); None for the relay, which
+        runs from the SDK."""
+        if spec.server_type == ENVIRONMENT_SERVERS:
+            return None
+        if spec.server_type == RESOURCES:
+            return locate_environment(self.venv, spec.impl, self.env_path).directory
+        return self.venv.server_dir(spec.server_type, spec.impl)
 
     def launch(self, config: StackConfig, workdir: Path) -> Launch:
         """One process per server of ``config``; overlays go under ``workdir/servers``,
@@ -212,10 +232,7 @@ class StackBuilder:
             key = _key(spec)
             if key in dirs:
                 continue
-            if spec.server_type == RESOURCES:
-                original = locate_environment(self.venv, spec.impl, self.env_path).directory
-            else:
-                original = self.venv.server_dir(spec.server_type, spec.impl)
+            original = self._server_dir(spec) or self.venv.server_dir(spec.server_type, spec.impl)
             if key in files:
                 dirs[key] = make_overlay(original, workdir / "servers" / key, files.pop(key))
             else:

@@ -5,7 +5,8 @@ They extend the package-wide tree in :mod:`nemogym_sdk.errors`::
     ConfigError(ValueError)
     ├── GymVenvNotFoundError           the NeMo Gym venv is missing or incomplete
     ├── UvNotFoundError                ``uv`` (which builds per-server environments) is absent
-    └── DatasetMissingError            a config names example rows that are not there
+    ├── DatasetMissingError            a config names example rows that are not there
+    └── ServerDirectoryMissingError    a config runs a server from a directory that is not there
     ServerStartError(RuntimeError)     (nemogym_sdk.processes.errors)
     └── RequirementsInstallError       a server's requirements failed to install
 
@@ -27,6 +28,7 @@ __all__ = [
     "GymVenvNotFoundError",
     "RequirementsInstallError",
     "ServerNotReadyError",
+    "ServerDirectoryMissingError",
     "ServerStartError",
     "UvNotFoundError",
 ]
@@ -59,6 +61,34 @@ class DatasetMissingError(ConfigError):
 
     def __reduce__(self) -> tuple[type[DatasetMissingError], tuple[object, ...]]:
         return (type(self), (self.environment, self.config_path, self.path))
+
+
+class ServerDirectoryMissingError(ConfigError):
+    """An environment's config runs a server from a directory the installed nemo-gym does
+    not have (``ns_tools:ns_tools_periodictable`` names ``resources_servers/
+    ns_tools_periodictable``; the server's code is in ``resources_servers/ns_tools``).
+
+    ``environment`` is the environment, ``config_path`` its config, ``server`` the server's
+    ``server_type/impl``, ``directory`` where it would run.
+    """
+
+    def __init__(
+        self, environment: str, config_path: Path | None, server: str, directory: Path
+    ) -> None:
+        named = f"its config {config_path}" if config_path is not None else "its config"
+        super().__init__(
+            f"{environment}: {named} runs the server {server}, but {directory} does not "
+            "exist (the installed nemo-gym has no such server directory); pick another of "
+            "the environment's configs, or point the server at a directory that holds its "
+            "code"
+        )
+        self.environment = environment
+        self.config_path = config_path
+        self.server = server
+        self.directory = directory
+
+    def __reduce__(self) -> tuple[type[ServerDirectoryMissingError], tuple[object, ...]]:
+        return (type(self), (self.environment, self.config_path, self.server, self.directory))
 
 
 class RequirementsInstallError(ServerStartError):

@@ -19,6 +19,7 @@ from nemogym_sdk.gym import (
     GymVenv,
     PolicyModel,
     ResolvedEnvironment,
+    ServerDirectoryMissingError,
     StackBuilder,
     build_stack_config,
 )
@@ -227,3 +228,25 @@ def test_every_shipped_config_builds_but_three(gym_venv: GymVenv, tmp_path: Path
     assert str(missing[name]) in str(caught.value) and str(caught.value.config_path) in str(
         caught.value
     )
+
+
+def test_a_config_naming_a_server_directory_nemo_gym_lacks_is_refused_before_starting(
+    gym_venv: GymVenv, tmp_path: Path
+) -> None:
+    """Six ``ns_tools`` variants run their resources server from
+    ``resources_servers/ns_tools_<tool>``, which nemo-gym 0.7.0 does not ship (their code
+    is in ``ns_tools/``): the stack refuses each with a typed error naming the config, the
+    server and the directory, instead of ``subprocess``'s bare ``FileNotFoundError``."""
+    site = gym_venv.site_packages / "resources_servers"
+    variants = sorted(p.stem for p in (site / "ns_tools" / "configs").glob("ns_tools_*.yaml"))
+    assert len(variants) == 6, variants
+    for variant in variants:
+        name = f"ns_tools:{variant}"
+        with pytest.raises(ServerDirectoryMissingError) as caught:
+            StackBuilder(venv=gym_venv, environments=(name,), model=MODEL).build(tmp_path)
+        error = caught.value
+        assert (error.environment, error.server) == (name, f"resources_servers/{variant}")
+        assert error.directory == site / variant and not error.directory.exists()
+        assert error.config_path == site / "ns_tools" / "configs" / f"{variant}.yaml"
+        assert str(error.config_path) in str(error) and str(error.directory) in str(error)
+        assert isinstance(error, ConfigError)
