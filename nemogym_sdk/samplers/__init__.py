@@ -22,6 +22,7 @@ from nemogym_sdk.samplers.router import (
     RouterNotFoundError,
     RouterProcess,
     find_router,
+    finish_sessions,
     start_router,
 )
 from nemogym_sdk.samplers.vllm import (
@@ -45,6 +46,7 @@ __all__ = [
     "default_vllm_venv_path",
     "find_router",
     "find_vllm_venv",
+    "finish_sessions",
     "start_proxy",
     "start_router",
     "start_samplers",

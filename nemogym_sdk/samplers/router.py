@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +49,14 @@ from nemogym_sdk.processes import (
     start_server,
     stop_all,
 )
+from nemogym_sdk.wire import ROUTER_FINISH_SESSION, SESSION_ID
 
 __all__ = [
     "ROUTER_ENV_VAR",
     "RouterNotFoundError",
     "RouterProcess",
     "find_router",
+    "finish_sessions",
     "start_router",
 ]
 
@@ -186,3 +188,27 @@ def start_router(
         ready_timeout=ready_timeout,
     )
     return RouterProcess(process=process, url=f"http://{LOOPBACK}:{port}", worker_urls=workers)
+
+
+def finish_sessions(url: str, keys: Iterable[str], *, timeout: float = 5.0) -> list[str]:
+    """Tell the router at ``url`` (or a ``nemogym_sdk.serve`` in front of one; a server or
+    its ``/v1`` URL) that the groups ``keys`` are done (``POST /finish_session``), so its
+    table holds the groups in flight only and a replica's count of active sessions means
+    what it says. Best effort: the refusals, as sentences (empty when every key was
+    forgotten); never raises for the network.
+    """
+    root = server_root(url)
+    refused = []
+    with requests.Session() as session:
+        session.trust_env = False  # loopback and cluster URLs: never through a proxy
+        for key in dict.fromkeys(keys):  # a row trained twice in a step is one key
+            try:
+                answer = session.post(
+                    f"{root}{ROUTER_FINISH_SESSION}", params={SESSION_ID: key}, timeout=timeout
+                )
+            except requests.RequestException as error:
+                refused.append(f"{key}: {type(error).__name__}")
+                continue
+            if not answer.ok:
+                refused.append(f"{key}: HTTP {answer.status_code} {answer.text[:200]}")
+    return refused

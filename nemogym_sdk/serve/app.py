@@ -21,6 +21,7 @@ from aiohttp import web
 from nemogym_sdk.hosts import base_url
 from nemogym_sdk.serve.engine import ServeEngine
 from nemogym_sdk.serve.errors import BadRequestError, ServeError, error_body
+from nemogym_sdk.wire import ROUTER_FINISH_SESSION, SESSION_ID
 
 __all__ = ["RunningServer", "ServerThread", "create_app", "start_server"]
 
@@ -189,6 +190,21 @@ async def _unload_lora(request: web.Request) -> web.StreamResponse:
     return web.Response(text=await worker.run(engine.unload_lora, body, exclusive=True))
 
 
+def session_key(request: web.Request) -> str:
+    """The ``session_id`` of ``POST /finish_session?session_id=<key>``."""
+    key = request.query.get(SESSION_ID, "")
+    if not key:
+        raise BadRequestError(f"{ROUTER_FINISH_SESSION} needs ?{SESSION_ID}=<the group's key>")
+    return key
+
+
+async def _finish_session(request: web.Request) -> web.StreamResponse:
+    """No router behind this server: a group's key has nothing to forget (the route is
+    answered, so one client speaks to a single server and to a fleet alike)."""
+    key = session_key(request)
+    return web.json_response({"status": "ok", SESSION_ID: key, "router": False})
+
+
 def create_app(engine: ServeEngine) -> web.Application:
     """Return the aiohttp application serving ``engine`` on vLLM's routes.
 
@@ -213,6 +229,7 @@ def create_app(engine: ServeEngine) -> web.Application:
     app.router.add_post("/tokenize", _tokenize)
     app.router.add_post("/v1/load_lora_adapter", _load_lora)
     app.router.add_post("/v1/unload_lora_adapter", _unload_lora)
+    app.router.add_post(ROUTER_FINISH_SESSION, _finish_session)
 
     async def _shutdown(app: web.Application) -> None:
         worker.executor.shutdown(wait=True)

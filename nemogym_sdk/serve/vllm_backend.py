@@ -52,7 +52,7 @@ from nemogym_sdk.serve.vllm_completions import (
     parse_completion,
     token_id_of,
 )
-from nemogym_sdk.wire import ROUTER_SESSION_HEADER
+from nemogym_sdk.wire import ROUTER_FINISH_SESSION, ROUTER_SESSION_HEADER, SESSION_ID
 
 __all__ = ["VllmBackend", "completion_request", "parse_completion"]
 
@@ -279,6 +279,16 @@ class VllmBackend:
         self.dropped.pop(server, None)
         self.replicas = (*self.replicas, server)
         return None
+
+    async def finish_session(self, key: str) -> tuple[int, bytes, str]:
+        """Have the router forget the group ``key`` (``POST /finish_session``), so its
+        table holds the groups in flight only; without a router there is nothing to
+        forget. The router's answer (status, body, content type)."""
+        if not self.replicas and not self.dropped:
+            done = {"status": "ok", SESSION_ID: key, "router": False}
+            return 200, orjson.dumps(done), "application/json"
+        path = f"{ROUTER_FINISH_SESSION}?{SESSION_ID}={quote(key)}"
+        return await self.forward("POST", path, timeout=self.replica_timeout)
 
     async def models(self) -> tuple[int, bytes, str]:
         """``GET /v1/models`` of vLLM, or of the first replica that answers."""

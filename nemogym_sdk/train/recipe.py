@@ -102,7 +102,7 @@ from nemogym_sdk.train.learner import (
 )
 from nemogym_sdk.train.outputs import MetricsLog, finish, library_warnings, outputs, say
 from nemogym_sdk.train.play import RolloutSource, play
-from nemogym_sdk.train.sampler import sampler
+from nemogym_sdk.train.sampler import finish_groups, sampler
 from nemogym_sdk.wire import RESPONSES_CREATE_PARAMS, input_messages
 
 if TYPE_CHECKING:  # the learner's types; torch and peft load only when a run starts
@@ -369,6 +369,8 @@ def train_steps(
             curve.append(line["reward_mean"])
             with writing(f"{done.out / 'metrics.jsonl'}", latest(done.out)):
                 log(line)
+            if sync is not None and config.several_samplers:  # the router forgets them
+                ranks.on_main(functools.partial(finish_groups, sync.base_url, played.groups))
             done.finished(step + 1)
             if done.steps % config.checkpoint_every == 0 or done.steps == config.steps:
                 checkpoint(model, optimizer, source, curve, done, write=rank == 0)

@@ -10,13 +10,15 @@
   ``vllm-router``, the proxy in front publishing every adapter to each.
 
 Every started sampler keeps the adapter versions the staleness bound needs
-(``--adapter-versions``) and reports ``processed_logprobs``.
+(``--adapter-versions``) and reports ``processed_logprobs``. ``finish_groups`` tells the
+router in front of replicas that a step's groups are done.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import logging
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import requests
@@ -27,7 +29,9 @@ from nemogym_sdk.hosts import openai_url
 from nemogym_sdk.train.config import TrainConfig
 from nemogym_sdk.train.outputs import say
 
-__all__ = ["sampler"]
+__all__ = ["finish_groups", "sampler"]
+
+logger = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -154,3 +158,20 @@ def _version_args(config: TrainConfig) -> list[str]:
         *("--adapter-versions", str(config.adapter_versions)),
         *("--version-policy", config.version_policy),
     ]
+
+
+def finish_groups(base_url: str, groups: Sequence[tuple[int, str]]) -> None:
+    """A step's groups are trained, so done: the router in front of the replicas forgets
+    their keys (the row ids ``AgentClient`` sends with ``group_affinity``), and its table
+    holds the groups in flight only, over a run of any length. A refusal is logged, never
+    fatal: the router's balance is at stake, not the run."""
+    from nemogym_sdk.samplers import finish_sessions
+
+    refused = finish_sessions(base_url, [row for _, row in groups])
+    if refused:
+        logger.warning(
+            "the router behind %s did not forget %d finished group(s): %s",
+            base_url,
+            len(refused),
+            refused[0],
+        )

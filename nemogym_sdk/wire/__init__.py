@@ -26,7 +26,9 @@ Decoding never raises on malformed input: problems are reported in the returned 
 from __future__ import annotations
 
 from nemogym_sdk.wire.affinity import (
+    ROUTER_FINISH_SESSION,
     ROUTER_SESSION_HEADER,
+    SESSION_ID,
     affinity_key,
     with_affinity,
 )
@@ -142,7 +144,9 @@ __all__ = [
     "REWARD_COMPONENTS",
     "ROLE",
     "ROUTED_EXPERTS",
+    "ROUTER_FINISH_SESSION",
     "ROUTER_SESSION_HEADER",
+    "SESSION_ID",
     "RUN_ROUTE",
     "SEED_SESSION_ROUTE",
     "SERVER_TYPE",

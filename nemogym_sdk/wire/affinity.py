@@ -25,6 +25,7 @@ from nemogym_sdk.wire.names import RESPONSES_CREATE_PARAMS
 __all__ = [
     "EXTRA_BODY",
     "METADATA",
+    "ROUTER_FINISH_SESSION",
     "ROUTER_SESSION_HEADER",
     "SESSION_ID",
     "SESSION_PARAMS",
@@ -42,6 +43,11 @@ SESSION_ID = "session_id"
 """The key inside ``session_params``."""
 ROUTER_SESSION_HEADER = "x-session-id"
 """vllm-router's affinity header (it wins over every body field)."""
+ROUTER_FINISH_SESSION = "/finish_session"
+"""vllm-router's route that forgets a key (``POST /finish_session?session_id=<key>``): under
+``--policy sticky_least_loaded`` a key counts as an active session of its replica until it
+is finished, so a run that never finishes its groups' keys grows the router's table and
+skews its balance by groups long done."""
 
 
 def with_affinity(row: Mapping[str, Any], key: str) -> dict[str, Any]:

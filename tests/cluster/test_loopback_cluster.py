@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -274,9 +275,15 @@ def test_a_refused_adapter_is_published_again_when_retries_are_configured(
     cluster: dict[str, Any], tmp_path: Path
 ) -> None:
     """With ``--sync-retries 2`` the same two refusals cost two retries: every step runs and
-    both replicas end on version 4."""
+    both replicas end on version 4. After each step the router forgets the step's groups:
+    its table never holds more than the step's two."""
     done, steps, served, refusing = _refusing_run(tmp_path, cluster["model_dir"], retries=2)
     assert done.returncode == 0, done.stderr[-3000:]
     assert [s["adapter_version"] for s in steps] == [1, 2, 3, 4]
     assert all(path.endswith("v000004") for path in served), served
     assert refusing.refused == 2
+    log = (tmp_path / "router.log").read_text()
+    trained = [row for s in steps for _, row in s["trained_groups"]]
+    assert re.findall(r"SLL: finished session '([^']+)'", log) == trained
+    held = re.findall(r"SLL: new session .* \(active sessions on replica: (\d+)\)", log)
+    assert len(held) == len(trained) and max(map(int, held)) <= 2, held

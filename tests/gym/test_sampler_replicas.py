@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -130,6 +131,39 @@ def test_a_groups_requests_stay_on_one_replica_and_groups_spread(
     assert len(where) == len(keys)  # one prompt per key
     assert all(len(replicas) == 1 for replicas in where.values()), where
     assert {r for replicas in where.values() for r in replicas} == {0, 1}
+
+
+def _sessions(log: Path) -> tuple[dict[str, int], list[str]]:
+    """The router's log: each new session's replica's count of active sessions then, and
+    the finished sessions in order."""
+    text = log.read_text()
+    new = r"SLL: new session '([^']+)' -> .* \(active sessions on replica: (\d+)\)"
+    started = {key: int(count) for key, count in re.findall(new, text)}
+    return started, re.findall(r"SLL: finished session '([^']+)'", text)
+
+
+@pytest.mark.gym
+def test_finished_groups_leave_the_routers_table(fleet: Any) -> None:
+    """``finish_sessions`` through the proxy reaches the router (``POST /finish_session``):
+    it forgets each finished group's key, so a replica's count of active sessions covers
+    the groups in flight, not every group so far; a server without a router answers the
+    route with nothing to forget, and the key is required."""
+    from nemogym_sdk.samplers import finish_sessions
+
+    first = [f"finished-{i}" for i in range(8)]
+    for key in first:
+        assert ask(fleet.base_url, key).status_code == 200
+    assert finish_sessions(fleet.base_url, [*first, first[0]]) == []
+    assert ask(fleet.base_url, "later").status_code == 200
+    counts, finished = _sessions(fleet.router.process.log_path)
+    assert finished[-len(first) :] == first  # each key once, in order
+    # eight groups held a replica's count 3 or more above where it started; once they are
+    # finished, the next group finds the count where it was before them
+    assert counts["later"] <= max(counts[k] for k in first) - 3, counts
+    assert finish_sessions(fleet.replica_urls[0], ["no-router"]) == []  # a plain server
+    proxy = fleet.base_url.removesuffix("/v1")
+    refused = requests.post(f"{proxy}/finish_session", timeout=10)
+    assert refused.status_code == 400 and "session_id" in refused.text
 
 
 @pytest.fixture
