@@ -18,6 +18,11 @@
 - With ``group_affinity`` every rollout of a row carries the row id as its affinity key
   (``nemogym_sdk.wire.with_affinity``), so a router in front of several samplers sends a
   group's rollouts to one replica.
+- With ``sampler_url`` (the ``nemogym_sdk.serve`` sampler behind NeMo Gym's model server)
+  every rollout carries an episode id (``nemogym_sdk.wire.with_episode``), and one the
+  client gives up on (its deadline passed, it was cancelled, it failed for good) is aborted
+  there (``POST /abort_episode``): NeMo Gym's agent would otherwise play it to its end, the
+  sampler generating for nobody.
 - ``run_sync`` (play and parse) serves trainers that are not async, on one loop thread
   the client owns; ``run_raw`` / ``run_raw_sync`` give the unparsed exchanges
   (``RawRun``) to users who parse ``/run`` bodies themselves.
@@ -29,21 +34,33 @@ import asyncio
 import json
 import logging
 import time
+import uuid
 from collections.abc import AsyncGenerator, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
+from urllib.parse import quote
 
+import aiohttp
 import attrs
 import orjson
 
-from nemogym_sdk._net.aio import Attempt, Outcome
+from nemogym_sdk._net.aio import Attempt, Outcome, post
 from nemogym_sdk._net.balance import Balancer
 from nemogym_sdk._net.session import STATUS_OF, SessionOwner
 from nemogym_sdk.directory import ServerDirectory
 from nemogym_sdk.errors import ConfigError, DataError, UnknownAgentError
+from nemogym_sdk.hosts import server_root
 from nemogym_sdk.policy import RetryPolicy, SamplingParams, Timeouts
 from nemogym_sdk.records import ParseOptions, Rollout, RolloutRequest, RolloutStatus, TaskRow
 from nemogym_sdk.turns import parse_agent_response, stamp
-from nemogym_sdk.wire import AGENTS, RUN_ROUTE, build_run_body, with_affinity
+from nemogym_sdk.wire import (
+    ABORT_EPISODE_ROUTE,
+    AGENTS,
+    EPISODE_ID_PARAM,
+    RUN_ROUTE,
+    build_run_body,
+    with_affinity,
+    with_episode,
+)
 
 __all__ = ["AgentClient", "RawRun", "RowInput"]
 
@@ -105,6 +122,10 @@ class RawRun:
         )
 
 
+_ABORT_TIMEOUT = aiohttp.ClientTimeout(total=5.0, sock_connect=5.0)
+"""An abort is a short request to the sampler; one that cannot be sent in time is dropped."""
+
+
 class _Job(NamedTuple):
     position: int
     request: RolloutRequest
@@ -113,6 +134,8 @@ class _Job(NamedTuple):
     """``<agent base URL>/run`` in each deployment that runs the agent."""
     body: bytes
     """The encoded ``/run`` body (encoded before anything is sent)."""
+    episode: str | None = None
+    """The episode id its model requests carry (``sampler_url`` set), or None."""
 
 
 class AgentClient(SessionOwner):
@@ -139,6 +162,10 @@ class AgentClient(SessionOwner):
         seed: seed of the backoff jitter.
         group_affinity: send each row's rollouts with its row id as affinity key, so that
             ``vllm-router`` in front of several sampler replicas keeps a group on one.
+        sampler_url: the ``nemogym_sdk.serve`` sampler NeMo Gym's model server generates
+            from (its base URL, ``/v1`` or not): each rollout then carries an episode id,
+            and one the client gives up on is aborted there, its generation in flight
+            stopped and its later turns refused (``nemogym_sdk.serve.episodes``).
     """
 
     _thread_name = "nemogym-sdk-agents"
@@ -155,6 +182,7 @@ class AgentClient(SessionOwner):
         max_per_host: int = 128,
         seed: int | None = None,
         group_affinity: bool = False,
+        sampler_url: str | None = None,
     ) -> None:
         super().__init__(
             timeouts=timeouts,
@@ -186,6 +214,9 @@ class AgentClient(SessionOwner):
         """The sampling parameters forced onto every row."""
         self.group_affinity = group_affinity
         """Whether each rollout carries its row id as the router's affinity key."""
+        self.sampler_url = None if sampler_url is None else server_root(sampler_url)
+        """Where an episode given up on is aborted (server root), or None."""
+        self._aborting: set[asyncio.Task[None]] = set()
 
     @property
     def default_agent(self) -> str | None:
@@ -254,11 +285,15 @@ class AgentClient(SessionOwner):
             data = request.row.data
             if self.group_affinity:
                 data = with_affinity(data, request.row.row_id)
+            episode = None
+            if self.sampler_url is not None:
+                episode = f"{request.row.row_id}#{request.repeat_index}#{uuid.uuid4().hex[:12]}"
+                data = with_episode(data, episode)
             try:
                 body = orjson.dumps(build_run_body(data, overrides))
             except (TypeError, ValueError) as exc:
                 raise DataError(f"row {request.row.row_id} cannot be sent as JSON: {exc}") from exc
-            jobs.append(_Job(index, request, name, urls[name], body))
+            jobs.append(_Job(index, request, name, urls[name], body, episode))
         return jobs
 
     def _start_batch(self) -> float | None:
@@ -277,6 +312,42 @@ class AgentClient(SessionOwner):
             return await self._send(url, body, deadline)
 
     async def _play(self, job: _Job, deadline: float | None) -> RawRun:
+        """Play ``job``; an episode the client gives up on (cancelled, or ended without an
+        answer of the agent's) is aborted at the sampler, when there is one."""
+        if job.episode is None:
+            return await self._exchange(job, deadline)
+        try:
+            raw = await self._exchange(job, deadline)
+        except asyncio.CancelledError:
+            self._abort(job.episode)
+            raise
+        if raw.status is not RolloutStatus.OK:
+            self._abort(job.episode)
+        return raw
+
+    def _abort(self, episode: str) -> None:
+        """Abort ``episode`` at the sampler, in the background (the caller may be cancelled;
+        ``aclose`` waits for it)."""
+        task = asyncio.get_running_loop().create_task(self._post_abort(episode))
+        self._aborting.add(task)
+        task.add_done_callback(self._aborting.discard)
+
+    async def _post_abort(self, episode: str) -> None:
+        session = self._session
+        if session is None or self.sampler_url is None:
+            return
+        url = f"{self.sampler_url}{ABORT_EPISODE_ROUTE}?{EPISODE_ID_PARAM}={quote(episode)}"
+        answer = await post(session, url, b"{}", timeout=_ABORT_TIMEOUT)
+        if not answer.ok:
+            logger.debug("episode %s was not aborted at the sampler: %s", episode, answer.error)
+
+    async def aclose(self) -> None:
+        """Close the session, once the aborts of abandoned episodes were sent (5 s at most)."""
+        if self._aborting:
+            await asyncio.wait(set(self._aborting), timeout=_ABORT_TIMEOUT.total)
+        await super().aclose()
+
+    async def _exchange(self, job: _Job, deadline: float | None) -> RawRun:
         started = time.monotonic()
         if len(job.urls) == 1:  # one deployment runs the agent (hot path: no extra await)
             url = job.urls[0]

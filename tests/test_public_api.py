@@ -210,6 +210,7 @@ SURFACE: dict[str, set[str]] = {
         "verify_stats",
     },
     "nemogym_sdk.wire": {
+        "ABORT_EPISODE_ROUTE",
         "AGENTS",
         "AGENT_REF",
         "CARD_VERSIONS_FIELD",
@@ -217,6 +218,8 @@ SURFACE: dict[str, set[str]] = {
         "CONFIG_PATH",
         "CONTENT",
         "ENVIRONMENT_SERVERS",
+        "EPISODE_ID",
+        "EPISODE_ID_PARAM",
         "ERROR",
         "FUNCTION_CALL",
         "GENERATION_LOG_PROBS",
@@ -263,6 +266,7 @@ SURFACE: dict[str, set[str]] = {
         "VERIFY_ROUTE",
         "VerifyAnswer",
         "affinity_key",
+        "episode_of",
         "agent_name",
         "build_response",
         "build_run_body",
@@ -281,6 +285,7 @@ SURFACE: dict[str, set[str]] = {
         "row_tools",
         "sampling_overrides",
         "with_affinity",
+        "with_episode",
     },
     "nemogym_sdk.grpo": {
         "AdvantageStats",

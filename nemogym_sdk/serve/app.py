@@ -21,7 +21,12 @@ from aiohttp import web
 from nemogym_sdk.hosts import base_url
 from nemogym_sdk.serve.engine import ServeEngine
 from nemogym_sdk.serve.errors import BadRequestError, ServeError, error_body
-from nemogym_sdk.wire import ROUTER_FINISH_SESSION, SESSION_ID
+from nemogym_sdk.wire import (
+    ABORT_EPISODE_ROUTE,
+    EPISODE_ID_PARAM,
+    ROUTER_FINISH_SESSION,
+    SESSION_ID,
+)
 
 __all__ = ["RunningServer", "ServerThread", "create_app", "start_server"]
 
@@ -198,6 +203,38 @@ def session_key(request: web.Request) -> str:
     return key
 
 
+def episode_key(request: web.Request) -> str:
+    """The ``episode_id`` of ``POST /abort_episode?episode_id=<id>``."""
+    episode = request.query.get(EPISODE_ID_PARAM, "")
+    if not episode:
+        raise BadRequestError(f"{ABORT_EPISODE_ROUTE} needs ?{EPISODE_ID_PARAM}=<the episode's id>")
+    return episode
+
+
+async def abort_episode(request: web.Request) -> web.StreamResponse:
+    """The client gave up on an episode: its generation in flight stops, its later turns
+    are refused (`nemogym_sdk.serve.episodes`)."""
+    episode = episode_key(request)
+    stopped = request.app[ENGINE_KEY].episodes.abandon(episode)
+    return web.json_response({"status": "ok", EPISODE_ID_PARAM: episode, "stopped": stopped})
+
+
+async def _metrics(request: web.Request) -> web.StreamResponse:
+    """Counters in Prometheus' text format, as vLLM's ``/metrics``: tokens sampled, and the
+    generations and turns of abandoned episodes stopped or refused."""
+    engine = request.app[ENGINE_KEY]
+    counters = {
+        "generation_tokens": engine.local.generated_tokens,
+        "aborted_generations": engine.episodes.aborted_generations,
+        "refused_turns": engine.episodes.refused_turns,
+    }
+    text = "".join(
+        f"# TYPE nemogym_serve_{name}_total counter\nnemogym_serve_{name}_total {value}\n"
+        for name, value in counters.items()
+    )
+    return web.Response(text=text, content_type="text/plain")
+
+
 async def _finish_session(request: web.Request) -> web.StreamResponse:
     """No router behind this server: a group's key has nothing to forget (the route is
     answered, so one client speaks to a single server and to a fleet alike)."""
@@ -230,6 +267,8 @@ def create_app(engine: ServeEngine) -> web.Application:
     app.router.add_post("/v1/load_lora_adapter", _load_lora)
     app.router.add_post("/v1/unload_lora_adapter", _unload_lora)
     app.router.add_post(ROUTER_FINISH_SESSION, _finish_session)
+    app.router.add_post(ABORT_EPISODE_ROUTE, abort_episode)
+    app.router.add_get("/metrics", _metrics)
 
     async def _shutdown(app: web.Application) -> None:
         worker.executor.shutdown(wait=True)

@@ -90,6 +90,9 @@ class CausalLMBackend:
         self._model_lock = threading.Lock()
         """Held by a decoding batch, a scoring call or an adapter change: one at a time."""
         self._batcher = Batcher(self._decode, max_batch)
+        self.generated_tokens = 0
+        """Tokens sampled since the server started (``GET /metrics``; one batch at a time
+        adds to it)."""
 
     @property
     def max_batch(self) -> int:
@@ -281,11 +284,14 @@ class CausalLMBackend:
         adapter: str | None = None,
         top_logprobs: int = 0,
         logprobs_mode: LogprobsMode = "raw_logprobs",
+        aborted: threading.Event | None = None,
     ) -> Generation:
         """Generate until EOS, a stop string/token, or ``params.max_tokens`` (KV-cached).
 
         Each token's logprob follows ``logprobs_mode`` (raw, or of the processed distribution).
-        Calls from several threads at once are decoded together.
+        Calls from several threads at once are decoded together. ``aborted`` set (the client
+        gave up on the episode) ends the generation at its next token, ``finish_reason``
+        ``"abort"`` (vLLM's name).
         """
         budget = self.check_prompt(prompt_ids, params.max_tokens)
         if budget == 0:
@@ -298,6 +304,7 @@ class CausalLMBackend:
             top_logprobs=top_logprobs,
             logprobs_mode=logprobs_mode,
             budget=budget,
+            aborted=aborted,
         )
         return self._batcher.run(job)
 

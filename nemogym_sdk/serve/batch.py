@@ -50,6 +50,8 @@ class SampleJob:
     logprobs_mode: LogprobsMode
     budget: int
     """Most tokens it may generate (checked against the context window already)."""
+    aborted: threading.Event | None = None
+    """Set when the client gave up on the episode: the job ends at its next token."""
     result: Generation | None = None
     error: BaseException | None = None
     done: bool = False
@@ -140,6 +142,7 @@ def decode_batch(
     tokens: list[list[TokenLogprob]] = [[] for _ in rows]
     while True:
         drawn = _draw(backend, out.logits[:, -1].float(), rows, generators)
+        backend.generated_tokens += len(rows)
         keep: list[int] = []
         for i, (job, entry) in enumerate(zip(rows, drawn, strict=True)):
             tokens[i].append(entry)
@@ -217,8 +220,11 @@ def _by_sampling(jobs: Sequence[SampleJob]) -> dict[RequestSampling, list[int]]:
 def _ended(
     backend: CausalLMBackend, job: SampleJob, tokens: list[TokenLogprob]
 ) -> Generation | None:
-    """The job's generation if its last token ends it (EOS, a stop, the budget), else None."""
+    """The job's generation if its last token ends it (EOS, a stop, the budget) or it was
+    aborted, else None."""
     params, token = job.params, tokens[-1].token_id
+    if job.aborted is not None and job.aborted.is_set():
+        return Generation(tokens=tuple(tokens), finish_reason="abort")
     if token in backend.eos_token_ids and not params.ignore_eos:
         return Generation(tokens=tuple(tokens), finish_reason="stop")
     if token in params.stop_token_ids:

@@ -20,10 +20,15 @@ Logprobs follow ``logprobs_mode`` like vLLM's ``--logprobs-mode``: ``raw_logprob
 Backends: `CausalLMBackend` (transformers, in process; both modes; `chat`, called on the HTTP
 layer's worker threads) or `VllmBackend` (a vLLM server; ``sample`` mode only; `chat_async`,
 concurrent). Prompts are rendered and spliced here with the backend's tokenizer either way.
+
+An episode the client gave up on (``episodes``, `nemogym_sdk.serve.episodes`) has its turn in
+flight stopped (the CPU batch drops it at the next token; the request to vLLM is closed, so
+vLLM aborts it) and its later turns refused with HTTP 409.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 from collections.abc import Mapping, Sequence
@@ -31,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.serve.chat import HISTORIES, History, count_assistant_turns
+from nemogym_sdk.serve.episodes import Episodes
 from nemogym_sdk.serve.errors import BadRequestError, NotFoundError, ServeError
 from nemogym_sdk.serve.interface import LOGPROBS_MODES, Generation, LogprobsMode, ModelBackend
 from nemogym_sdk.serve.parsers import OutputParsers
@@ -52,6 +58,7 @@ from nemogym_sdk.wire import (
     LOAD_VERSION_FIELD,
     ROUTED_EXPERTS,
     affinity_key,
+    episode_of,
     policy_version_envelope,
 )
 
@@ -138,6 +145,8 @@ class ServeEngine:
         )
         self._rng = random.Random(seed)
         self.versions = versions or ServedVersions()
+        self.episodes = Episodes()
+        """Episodes the client gave up on (``POST /abort_episode``), and what runs for each."""
 
     # ----------------------------------------------------------------- models
 
@@ -208,23 +217,30 @@ class ServeEngine:
         return request
 
     def chat(self, body: Any) -> dict[str, Any]:
-        """Answer a ``POST /v1/chat/completions`` body (transformers backend)."""
+        """Answer a ``POST /v1/chat/completions`` body (transformers backend); a turn of an
+        abandoned episode is refused, and one generating when it is abandoned stops."""
         request = self._chat_request(body)
         served = self.resolve_version(request)
         adapter = served.slot if served is not None else self.resolve_model(request.model)
         prompt_ids = self._prompt(request)
+        episode = episode_of(body)
         seed: int | None = None
         if self.mode == "sample":
             seed = self._seed(request)
-            generation = self.local.sample(
-                prompt_ids,
-                request.sampling,
-                seed=seed,
-                adapter=adapter,
-                top_logprobs=request.top_logprobs,
-                logprobs_mode=self.logprobs_mode,
-            )
+            with self.episodes.running(episode) as aborted:
+                generation = self.local.sample(
+                    prompt_ids,
+                    request.sampling,
+                    seed=seed,
+                    adapter=adapter,
+                    top_logprobs=request.top_logprobs,
+                    logprobs_mode=self.logprobs_mode,
+                    aborted=aborted,
+                )
+            if generation.finish_reason == "abort":
+                raise self.episodes.stopped(episode)
         else:
+            self.episodes.check(episode)
             generation = self._scripted(request, prompt_ids, adapter)
         return self._answer(
             request, prompt_ids, generation, seed, adapter or self.served_model_name, served
@@ -248,14 +264,16 @@ class ServeEngine:
         # steps, which a batch of concurrent rollouts does. Unseeded requests use vLLM's
         # engine-wide generator (seeded by its --seed).
         seed = request.sampling.seed
-        generation = await proxy.generate(
+        generating = functools.partial(
+            proxy.generate,
             prompt_ids,
             request.sampling,
             model=model,
             seed=seed,
             top_logprobs=request.top_logprobs,
-            affinity=affinity_key(body) if isinstance(body, Mapping) else None,
+            affinity=affinity_key(body),
         )
+        generation = await self.episodes.generate(episode_of(body), generating)
         return self._answer(request, prompt_ids, generation, seed, model, served)
 
     def complete(self, body: Any) -> dict[str, Any]:

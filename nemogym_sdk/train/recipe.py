@@ -184,15 +184,17 @@ def servers(
     model: PeftModel,
     tokenizer: Tokenizer,
     first_version: int = 0,
-) -> Iterator[tuple[list[ServerDirectory], LoraSync | None]]:
+) -> Iterator[tuple[list[ServerDirectory], LoraSync | None, str | None]]:
     """Rank 0 starts the sampler, checks that it tokenizes as the learner does
     (`check_tokenization`), starts the environments and publishes the first adapter version
     (``first_version``: the steps a resumed run's checkpoint holds, so the versions go on
-    where they were); every rank gets the deployments (the ``LoraSync`` only rank 0)."""
+    where they were); every rank gets the deployments (the ``LoraSync`` only rank 0) and,
+    when the trainer started the sampler (``nemogym_sdk.serve``), its URL, where episodes
+    given up on are aborted."""
     with contextlib.ExitStack() as started:
         syncs: list[LoraSync] = []
 
-        def start() -> list[ServerDirectory]:
+        def start() -> tuple[list[ServerDirectory], str | None]:
             base_url = started.enter_context(sampler(config, out, device))
             if not check_tokenization(base_url, tokenizer):
                 say(f"the sampler at {base_url} has no /tokenize: its tokenizer is not checked")
@@ -209,10 +211,10 @@ def servers(
             sync.initialize(model, require_zero=not config.resume, version=first_version)
             check_versions_kept(sync, config)
             syncs.append(sync)
-            return found
+            return found, (base_url if config.backend_url is None else None)
 
-        deployments = ranks.on_main(start)
-        yield deployments, (syncs[0] if syncs else None)
+        deployments, sampler_url = ranks.on_main(start)
+        yield deployments, (syncs[0] if syncs else None), sampler_url
 
 
 # --- 5. checks ----------------------------------------------------------------------------
@@ -420,12 +422,13 @@ def run(config: TrainConfig, *, signals: StopSignals | None = None) -> dict[str,
     done = Progress(out=out, steps=start, saved=start)
     leftover: dict[str, Any] = {}
     with (
-        servers(config, out, setup.device, model, tokenizer, start) as (deployments, sync),
+        servers(config, out, setup.device, model, tokenizer, start) as (deployments, sync, at),
         AgentClient(
             deployments,
             sampling=setup.sampling,
             timeouts=Timeouts(request=config.episode_timeout or REQUEST_TIMEOUT_S),
             group_affinity=config.several_samplers,  # a group's rollouts on one replica
+            sampler_url=at,  # an episode given up on stops generating there
         ) as client,
         outputs(config, out, start, rank) as log,
         contextlib.ExitStack() as closing,

@@ -26,11 +26,16 @@ Decoding never raises on malformed input: problems are reported in the returned 
 from __future__ import annotations
 
 from nemogym_sdk.wire.affinity import (
+    ABORT_EPISODE_ROUTE,
+    EPISODE_ID,
+    EPISODE_ID_PARAM,
     ROUTER_FINISH_SESSION,
     ROUTER_SESSION_HEADER,
     SESSION_ID,
     affinity_key,
+    episode_of,
     with_affinity,
+    with_episode,
 )
 from nemogym_sdk.wire.head import ServerInstance, decode_server_instance, encode_server_instance
 from nemogym_sdk.wire.names import (
@@ -108,6 +113,7 @@ from nemogym_sdk.wire.versions import (
 )
 
 __all__ = [
+    "ABORT_EPISODE_ROUTE",
     "AGENTS",
     "AGENT_REF",
     "CARD_VERSIONS_FIELD",
@@ -115,6 +121,8 @@ __all__ = [
     "CONFIG_PATH",
     "CONTENT",
     "ENVIRONMENT_SERVERS",
+    "EPISODE_ID",
+    "EPISODE_ID_PARAM",
     "ERROR",
     "FUNCTION_CALL",
     "GENERATION_LOG_PROBS",
@@ -161,6 +169,7 @@ __all__ = [
     "ServerInstance",
     "VerifyAnswer",
     "affinity_key",
+    "episode_of",
     "agent_name",
     "build_response",
     "build_run_body",
@@ -179,4 +188,5 @@ __all__ = [
     "row_tools",
     "sampling_overrides",
     "with_affinity",
+    "with_episode",
 ]

@@ -17,12 +17,15 @@ directly behind NeMo Gym reads it from the chat body itself.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from nemogym_sdk.wire.names import RESPONSES_CREATE_PARAMS
 
 __all__ = [
+    "ABORT_EPISODE_ROUTE",
+    "EPISODE_ID",
+    "EPISODE_ID_PARAM",
     "EXTRA_BODY",
     "METADATA",
     "ROUTER_FINISH_SESSION",
@@ -30,7 +33,9 @@ __all__ = [
     "SESSION_ID",
     "SESSION_PARAMS",
     "affinity_key",
+    "episode_of",
     "with_affinity",
+    "with_episode",
 ]
 
 METADATA = "metadata"
@@ -43,6 +48,15 @@ SESSION_ID = "session_id"
 """The key inside ``session_params``."""
 ROUTER_SESSION_HEADER = "x-session-id"
 """vllm-router's affinity header (it wins over every body field)."""
+EPISODE_ID = "nemogym_episode_id"
+"""The SDK's own field of a chat request body (merged in from ``extra_body`` as the router's
+key is): which episode the turn belongs to, so ``nemogym_sdk.serve`` can stop an episode
+the client has given up on."""
+ABORT_EPISODE_ROUTE = "/abort_episode"
+"""``nemogym_sdk.serve``'s route (``POST /abort_episode?episode_id=<id>``): the client gave
+up on the episode; its generation in flight stops and its later turns are refused."""
+EPISODE_ID_PARAM = "episode_id"
+"""The query parameter of ``ABORT_EPISODE_ROUTE``."""
 ROUTER_FINISH_SESSION = "/finish_session"
 """vllm-router's route that forgets a key (``POST /finish_session?session_id=<key>``): under
 ``--policy sticky_least_loaded`` a key counts as an active session of its replica until it
@@ -55,6 +69,29 @@ def with_affinity(row: Mapping[str, Any], key: str) -> dict[str, Any]:
 
     An ``extra_body`` the row already has keeps its other fields; the row is not mutated.
     """
+    return _with_extra_body(row, lambda extra: _set_session(extra, key))
+
+
+def with_episode(row: Mapping[str, Any], episode: str) -> dict[str, Any]:
+    """A copy of ``row`` whose model requests carry the id ``episode`` (``EPISODE_ID``), the
+    key the client aborts the episode by at ``nemogym_sdk.serve`` once it gives up on it."""
+    return _with_extra_body(row, lambda extra: extra.__setitem__(EPISODE_ID, episode))
+
+
+def episode_of(body: Mapping[str, Any]) -> str | None:
+    """The episode id of a chat request body (``EPISODE_ID``), if any."""
+    episode = body.get(EPISODE_ID)
+    return episode if isinstance(episode, str) and episode else None
+
+
+def _set_session(extra: dict[str, Any], key: str) -> None:
+    extra[SESSION_PARAMS] = {**(extra.get(SESSION_PARAMS) or {}), SESSION_ID: key}
+
+
+def _with_extra_body(
+    row: Mapping[str, Any], update: Callable[[dict[str, Any]], None]
+) -> dict[str, Any]:
+    """A copy of ``row`` whose ``metadata.extra_body`` object ``update`` changed in place."""
     params = dict(row.get(RESPONSES_CREATE_PARAMS) or {})
     metadata = dict(params.get(METADATA) or {})
     extra: Any = {}
@@ -65,7 +102,7 @@ def with_affinity(row: Mapping[str, Any], key: str) -> dict[str, Any]:
             extra = {}
     if not isinstance(extra, dict):
         extra = {}
-    extra[SESSION_PARAMS] = {**(extra.get(SESSION_PARAMS) or {}), SESSION_ID: key}
+    update(extra)
     metadata[EXTRA_BODY] = json.dumps(extra, separators=(",", ":"))
     params[METADATA] = metadata
     return {**row, RESPONSES_CREATE_PARAMS: params}

@@ -43,6 +43,10 @@ class FakeVllm:
         self.requests: list[tuple[str, Any]] = []
         self.port = 0
         self.misspell = False
+        self.delay = 0.0
+        """Seconds a completion takes before it is answered."""
+        self.abandoned = 0
+        """Completions whose client had closed the connection by the time they were done."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
@@ -68,6 +72,10 @@ class FakeVllm:
     async def _completions(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.requests.append(("/v1/completions", body))
+        if self.delay and body.get("max_tokens") != 1:
+            await asyncio.sleep(self.delay)
+            if request.transport is None or request.transport.is_closing():
+                self.abandoned += 1  # vLLM aborts such a request
         model = body.get("model")
         if model != self.served_name and model not in self.adapters:
             return _error(f"The model `{model}` does not exist.", 404, "NotFoundError")
