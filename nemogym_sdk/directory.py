@@ -25,7 +25,7 @@ import requests
 import yaml
 
 from nemogym_sdk._net.http import check, owned_session, send
-from nemogym_sdk._net.ready import poll_ready
+from nemogym_sdk._net.ready import answered, poll_ready
 from nemogym_sdk.errors import (
     ConfigError,
     DataError,
@@ -291,6 +291,20 @@ class ServerDirectory:
         if pending:
             detail = "; ".join(f"{name} ({why})" for name, why in pending.items())
             raise NotReadyError(f"servers not ready after {timeout:g} s: {detail}")
+
+    def unresponsive(
+        self, *, timeout: float = 2.0, session: requests.Session | None = None
+    ) -> dict[str, str]:
+        """Servers that do not answer ``GET /`` within ``timeout`` seconds, each probed once
+        (any HTTP answer counts; a frozen or dead server does not): name -> ``"<type>
+        <url>: <why>"``, e.g. to name the server behind episodes that timed out."""
+        urls = {s.name: f"{s.url}/" for s in self.servers()}
+        kinds = {s.name: s.server_type for s in self.servers()}
+        with owned_session(session) as http:
+            pending = poll_ready(
+                urls, timeout=0, session=http, ready=answered, probe_timeout=timeout
+            )
+        return {name: f"{kinds[name]} {why}" for name, why in pending.items()}
 
 
 # --- head server helpers ------------------------------------------------------------------

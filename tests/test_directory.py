@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import time
 from typing import Any
 
 import pytest
@@ -140,3 +142,26 @@ def test_wait_until_ready_names_missing_servers() -> None:
         directory.wait_until_ready(timeout=2.0, names=["live"])
         with pytest.raises(NotReadyError, match=r"dead \(http://127.0.0.1:9"):
             directory.wait_until_ready(timeout=0.5)
+
+
+def test_unresponsive_names_frozen_and_dead_servers_by_type() -> None:
+    """One probe each: a live server is left out whatever it answers; one that accepts the
+    connection and never answers (frozen) and one that refuses it (dead) are named."""
+    frozen = socket.socket()
+    frozen.bind(("127.0.0.1", 0))
+    frozen.listen(8)  # the kernel accepts; nobody ever reads
+    port = frozen.getsockname()[1]
+    try:
+        with agent_server() as live:
+            directory = ServerDirectory.from_urls(
+                agents={"live": live.url},
+                resources_servers={"frozen": f"127.0.0.1:{port}", "dead": "127.0.0.1:9"},
+            )
+            started = time.monotonic()
+            silent = directory.unresponsive(timeout=0.5)
+    finally:
+        frozen.close()
+    assert time.monotonic() - started < 3
+    assert sorted(silent) == ["dead", "frozen"]
+    assert silent["frozen"] == f"resources_servers http://127.0.0.1:{port}/: ReadTimeout"
+    assert silent["dead"].startswith("resources_servers http://127.0.0.1:9/: Connection")

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 from collections import Counter
 from pathlib import Path
 
 import attrs
 import pytest
 
-from nemogym_sdk import Rollout, RolloutStatus
+from nemogym_sdk import Rollout, RolloutStatus, ServerDirectory
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.processes import free_loopback_ports
 from nemogym_sdk.train.failures import FAILURES_FILE, check_step
@@ -183,3 +184,28 @@ def test_a_stop_while_a_step_learns_waits_for_the_step() -> None:
             signal.sigtimedwait([], 0)
             finished = True
         assert finished
+
+
+def test_a_frozen_server_behind_timed_out_episodes_is_named(tmp_path: Path) -> None:
+    """Episodes that time out say only that the agent did not answer; the step's check then
+    probes the deployment and names the server that does not answer (here one that accepts
+    connections and never answers, as a SIGSTOPped process does), in each timed-out
+    rollout's reason and in the message. Failures of another kind probe nothing."""
+    frozen = socket.socket()
+    frozen.bind(("127.0.0.1", 0))
+    frozen.listen(8)
+    url = f"127.0.0.1:{frozen.getsockname()[1]}"
+    deployment = ServerDirectory.from_urls(resources_servers={"tools": url})
+    try:
+        errors = [_failed("r0", RolloutStatus.AGENT_ERROR, "HTTP 422")]
+        check_step(0, Played(errors, 0.0, {}, []), tmp_path, 1.0, None, [deployment])
+        timed_out = [_failed(f"r{i}", RolloutStatus.TIMEOUT, "no answer") for i in range(2)]
+        with pytest.raises(RunStoppedError) as info:
+            check_step(1, Played(timed_out, 0.0, {}, []), tmp_path, 0.5, None, [deployment])
+    finally:
+        frozen.close()
+    named = f"not answering at the step's end: tools (resources_servers http://{url}/: ReadTimeout)"
+    lines = (tmp_path / FAILURES_FILE).read_text().splitlines()
+    reasons = [json.loads(line)["reason"] for line in lines]
+    assert reasons == ["HTTP 422", f"no answer; {named}", f"no answer; {named}"]
+    assert named in str(info.value)

@@ -6,7 +6,8 @@
 - ``record_failures``: every rank's lines, appended to ``out/failures.jsonl`` (a resumed run
   drops the lines of the steps it repeats, as ``metrics.jsonl``'s);
 - ``failed_rollouts``: a rank's failures by status, the episodes cut as stragglers left out;
-- ``check_step``: all of it for one step, then ``check_rollouts``, on the main rank.
+- ``check_step``: all of it for one step, then ``check_rollouts``, on the main rank; when
+  episodes timed out, the servers that do not answer then are named (``silent_servers``).
 """
 
 from __future__ import annotations
@@ -18,12 +19,20 @@ from pathlib import Path
 from typing import Any
 
 from nemogym_sdk import ranks
+from nemogym_sdk.directory import ServerDirectory
 from nemogym_sdk.records import Rollout
 from nemogym_sdk.train.checkpoints import latest
 from nemogym_sdk.train.faults import check_rollouts, writing
 from nemogym_sdk.train.play import Played
 
-__all__ = ["FAILURES_FILE", "check_step", "failed_rollouts", "failure_lines", "record_failures"]
+__all__ = [
+    "FAILURES_FILE",
+    "check_step",
+    "failed_rollouts",
+    "failure_lines",
+    "record_failures",
+    "silent_servers",
+]
 
 FAILURES_FILE = "failures.jsonl"
 """In ``out``: a line per failed rollout, ``{"step", "row_id", "status", "reason"}``."""
@@ -46,9 +55,20 @@ def record_failures(out: Path, lines: Sequence[Mapping[str, Any]]) -> None:
             handle.write("".join(json.dumps(line) + "\n" for line in lines))
 
 
-def check_step(step: int, played: Played, out: Path, max_rate: float, sampler: str | None) -> None:
+def check_step(
+    step: int,
+    played: Played,
+    out: Path,
+    max_rate: float,
+    sampler: str | None,
+    deployments: Sequence[ServerDirectory] = (),
+) -> None:
     """Every rank's failed rollouts of ``step`` as lines of ``failures.jsonl``, then the step
-    checked against ``max_rate`` and the sampler (``check_rollouts``), on the main rank."""
+    checked against ``max_rate`` and the sampler (``check_rollouts``), on the main rank.
+
+    When episodes timed out or lost their connection, the ``deployments``' servers that do
+    not answer then (frozen or dead) are named in those lines' reasons and in the message:
+    a timeout at the agent says nothing of which server behind it stalled."""
     counted = ranks.gather(
         (failed_rollouts(played), len(played.rollouts), failure_lines(step, played.rollouts))
     )
@@ -57,11 +77,33 @@ def check_step(step: int, played: Played, out: Path, max_rate: float, sampler: s
     lines = [line for _, _, rank_lines in counted for line in rank_lines]
 
     def on_main() -> None:
+        note = silent_servers(deployments) if _stalled(lines) else ""
+        for line in lines:
+            if note and line["status"] in _STALLED:
+                line["reason"] = f"{line['reason']}; {note}"
         with writing(f"{out / FAILURES_FILE}", latest(out)):
             record_failures(out, lines)
-        check_rollouts(step, failures, rollouts, max_rate, sampler, out=out)
+        check_rollouts(step, failures, rollouts, max_rate, sampler, out=out, note=note)
 
     ranks.on_main(on_main)
+
+
+_STALLED = frozenset({"timeout", "transport_error"})
+"""Failures that a server behind the agent may have caused by freezing or dying."""
+
+
+def _stalled(lines: Sequence[Mapping[str, Any]]) -> bool:
+    return any(line["status"] in _STALLED for line in lines)
+
+
+def silent_servers(deployments: Sequence[ServerDirectory], timeout: float = 2.0) -> str:
+    """The deployments' servers that do not answer within ``timeout`` seconds, in words
+    (empty when all answer)."""
+    silent = {n: why for d in deployments for n, why in d.unresponsive(timeout=timeout).items()}
+    if not silent:
+        return ""
+    named = "; ".join(f"{name} ({why})" for name, why in silent.items())
+    return f"not answering at the step's end: {named}"
 
 
 def failed_rollouts(played: Played) -> Counter[str]:

@@ -150,15 +150,19 @@ def check_rollouts(
     sampler: str | None,
     *,
     out: Path | None = None,
+    note: str = "",
 ) -> None:
     """Stop the run before ``step`` learns when its failed rollouts (``failures``: count by
     status, over every rank) exceed ``max_rate`` of ``rollouts``, or when some failed and
     the ``sampler`` (its OpenAI base URL; None: not checked) no longer answers. The message
-    names where the reasons are: ``out``'s ``failures.jsonl`` and the servers' logs."""
+    names where the reasons are: ``out``'s ``failures.jsonl`` and the servers' logs, after
+    ``note`` (the servers found not answering, say)."""
     failed = sum(failures.values())
     if not failed:
         return
     counts = ", ".join(f"{status}: {count}" for status, count in sorted(failures.items()))
+    if note:
+        counts = f"{counts}; {note}"
     gone = sampler_gone(sampler) if sampler is not None else None
     if gone is not None:
         raise RunStoppedError(

@@ -345,6 +345,7 @@ def train_steps(
     model: PeftModel,
     optimizer: Optimizer,
     sync: LoraSync | None,
+    deployments: Sequence[ServerDirectory],
     setup: Setup,
     log: MetricsLog,
     curve: list[float],
@@ -357,7 +358,7 @@ def train_steps(
     sampler = None if sync is None else openai_url(sync.base_url)
     for step, played in enumerate(source.steps(), start=done.steps):
         # stopped here, the weights are those of the finished steps (a checkpoint keeps them)
-        check_step(step, played, done.out, config.max_failure_rate, sampler)
+        check_step(step, played, done.out, config.max_failure_rate, sampler, deployments)
         with signals.deferred():
             done.learning()
             line: dict[str, Any] = {"step": step, "device": setup.device}
@@ -439,7 +440,9 @@ def run(config: TrainConfig, *, signals: StopSignals | None = None) -> dict[str,
         eos = int(tokenizer.eos_token_id)
         source = closing.enter_context(play(config, client, rows, start, eos, resumed, leftover))
         try:
-            train_steps(source, model, optimizer, sync, setup, log, curve, done, signals)
+            train_steps(
+                source, model, optimizer, sync, deployments, setup, log, curve, done, signals
+            )
         except (Interrupted, RunStoppedError) as stopped:
             stop_checkpoint(stopped, model, optimizer, source, curve, done, world)
             raise

@@ -300,6 +300,9 @@ def test_a_dead_environment_server_past_the_bound_stops_the_run(
     failed = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
     assert [f["step"] for f in failed] == [step] * int(stopped[1])
     assert all(f["status"] == "timeout" and f["reason"] and f["row_id"] for f in failed), failed
+    # the killed server is named: the timeouts alone only say the agent did not answer
+    named = re.compile(r"not answering at the step's end: target_chars \(resources_servers ")
+    assert named.search(last) and all(named.search(f["reason"]) for f in failed), last
 
 
 def test_nemo_gyms_own_launcher_runs_the_environments_and_a_killed_trainer_leaves_none_of_it(
