@@ -309,6 +309,35 @@ class _VllmAdapters:
                     )
         return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
 
+    async def drop_silent(self) -> None:
+        """Each replica in the router that does not answer ``/health`` within
+        ``replica_timeout`` (frozen, a node that stopped) is dropped: out of the router and
+        the publish set, its generations in flight sent again to the others
+        (`VllmBackend.drop_replica`), so it holds no step for the generation timeout."""
+        servers = list(self.proxy.replicas)
+        answers = await asyncio.gather(
+            *(self._health(server) for server in servers), return_exceptions=True
+        )
+        for server, answer in zip(servers, answers, strict=True):
+            if answer is None or len(self.proxy.replicas) < 2:
+                continue  # answers; or the last one left, whose loss ends the run anyway
+            async with self.lock:
+                if server in self.proxy.replicas:
+                    try:
+                        await self.proxy.drop_replica(server, f"/health: {answer}")
+                    except UpstreamUnavailableError:
+                        logger.warning("no replica is left answering")
+
+    async def _health(self, server: str) -> str | None:
+        """Why ``server`` does not answer ``/health`` in time, or None."""
+        try:
+            status, _, _ = await self.proxy.forward(
+                "GET", "/health", root=server, timeout=self.proxy.replica_timeout
+            )
+        except (UpstreamUnavailableError, UpstreamTimeoutError) as error:
+            return str(error)
+        return None if status < 500 else f"HTTP {status}"
+
     async def readmit_dropped(self) -> None:
         """Each dropped replica that answers ``/health`` again gets every version served now
         (loaded in place, listed in its ``/v1/models``), loses the slots evicted meanwhile,
@@ -352,20 +381,24 @@ class _VllmAdapters:
 
 
 READMIT_EVERY_S = 2.0
-"""How often the proxy asks the replicas it dropped whether they answer again."""
+"""How often the proxy asks its replicas whether they answer (in the router: still; dropped:
+again)."""
 LOAD = "/v1/load_lora_adapter"
 UNLOAD = "/v1/unload_lora_adapter"
 
 
 async def readmit_forever(adapters: _VllmAdapters) -> None:
-    """`_VllmAdapters.readmit_dropped` every ``READMIT_EVERY_S`` seconds (a task of the app)."""
+    """Every ``READMIT_EVERY_S`` seconds (a task of the app): the replicas that stopped
+    answering are dropped (`_VllmAdapters.drop_silent`), and the dropped ones that answer
+    again are let back (`_VllmAdapters.readmit_dropped`)."""
     while True:
         await asyncio.sleep(READMIT_EVERY_S)
-        if adapters.proxy.dropped:
-            try:
+        try:
+            await adapters.drop_silent()
+            if adapters.proxy.dropped:
                 await adapters.readmit_dropped()
-            except Exception:  # a broken answer must not end the watch
-                logger.exception("re-admitting dropped replicas failed")
+        except Exception:  # a broken answer must not end the watch
+            logger.exception("watching the replicas failed")
 
 
 async def check_logprobs_mode(engine: ServeEngine, proxy: VllmBackend) -> None:

@@ -23,10 +23,11 @@ on every replica directly (the router would forward a load to one of them only).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import aiohttp
@@ -57,6 +58,7 @@ from nemogym_sdk.wire import ROUTER_FINISH_SESSION, ROUTER_SESSION_HEADER, SESSI
 __all__ = ["VllmBackend", "completion_request", "parse_completion"]
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _PROBE_TEXT = "Hello! How are you today?"
 _SAME_LOGPROB = 1e-3
@@ -110,6 +112,11 @@ class VllmBackend:
         self.replica_timeout = replica_timeout
         self.dropped: dict[str, str] = {}
         """Replicas taken out of the router (server root -> why), until they come back."""
+        self.drops = 0
+        """Replicas dropped so far; a generation in flight at a drop is sent again."""
+        self.resent = 0
+        """Generations sent again because a replica was dropped while they ran."""
+        self._generating: set[asyncio.Future[Any]] = set()
         self.vllm_url = openai_url(vllm_url)
         self.template = template
         self.tokenizer: Any = template.tokenizer
@@ -247,19 +254,26 @@ class VllmBackend:
         left."""
         self.replicas = tuple(r for r in self.replicas if r != server)
         self.dropped[server] = why
-        logger.warning(
-            "replica %s is unreachable (%s): removed from the router at %s until it answers "
-            "again and has loaded the versions served; %d replica(s) left",
-            server,
-            why,
-            self.root_url,
-            len(self.replicas),
-        )
         try:
             status, raw, _ = await self.forward("POST", f"/remove_worker?url={quote(server)}")
             refused = error_message(status, raw)[0] if status >= 400 else None
         except (UpstreamUnavailableError, UpstreamTimeoutError) as error:
             refused = str(error)
+        # out of the router first: what is sent again (`_resent_on_drop`) goes to the others
+        self.drops += 1
+        held = list(self._generating)
+        for request in held:
+            request.cancel()
+        logger.warning(
+            "replica %s is unreachable (%s): removed from the router at %s until it answers "
+            "again and has loaded the versions served; %d replica(s) left, %d generation(s) "
+            "in flight sent again",
+            server,
+            why,
+            self.root_url,
+            len(self.replicas),
+            len(held),
+        )
         if refused is not None:
             logger.warning("the router did not remove %s: %s", server, refused)
         if not self.replicas:
@@ -410,7 +424,9 @@ class VllmBackend:
             top_logprobs=top_logprobs,
         )
         headers = {ROUTER_SESSION_HEADER: affinity} if affinity else None
-        answer = await self.post_json("/v1/completions", body, headers=headers)
+        answer = await self._resent_on_drop(
+            functools.partial(self.post_json, "/v1/completions", body, headers=headers)
+        )
         return parse_completion(
             answer,
             prompt_ids,
@@ -419,6 +435,26 @@ class VllmBackend:
             stop=params.stop,
             decode=self.decode,
         )
+
+    async def _resent_on_drop(self, send: Callable[[], Awaitable[T]]) -> T:
+        """Await ``send()``, a generation request; when a replica is dropped meanwhile
+        (`drop_replica`: frozen, dead) it is sent again, since the dropped one may be the
+        replica generating it, and would hold it for the whole generation timeout. The
+        router no longer routes there, and a request never answered is safe to send again
+        (nothing of it was seen)."""
+        while True:
+            drops = self.drops
+            request = asyncio.ensure_future(send())
+            self._generating.add(request)
+            try:
+                return await request
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if self.drops == drops or (current is not None and current.cancelling()):
+                    raise  # cancelled from outside (an abandoned episode, a closing server)
+                self.resent += 1
+            finally:
+                self._generating.discard(request)
 
     async def detect_logprobs_mode(self) -> LogprobsMode | None:
         """Find vLLM's ``--logprobs-mode`` by asking for the same token at two temperatures.

@@ -256,9 +256,11 @@ def test_a_dead_replica_leaves_the_router_and_publication_goes_on(
 def test_a_frozen_replica_leaves_the_publish_and_comes_back_with_what_is_served(
     model_dir: Path, tmp_path: Path
 ) -> None:
-    """A replica frozen (SIGSTOP: alive, silent) while versions are published: each publish
-    ends within the proxy's replica deadline (3 s here; the generation timeout is 600 s),
-    without it, and the router stops sending it requests. Thawed, it is let back only once
+    """A replica frozen (SIGSTOP: alive, silent) while it generates and while versions are
+    published: the proxy's health watch drops it within its replica deadline (3 s here; the
+    generation timeout is 600 s) and sends the generations it held to the other replica,
+    so every one is answered while it is still frozen; each publish ends without it, and
+    the router stops sending it requests. Thawed, it is let back only once
     it has loaded every version served then, in place, and unloaded the one evicted while
     it was out: its adapters equal the survivor's when the router routes to it again, and
     the next publish reaches both."""
@@ -275,8 +277,31 @@ def test_a_frozen_replica_leaves_the_publish_and_comes_back_with_what_is_served(
         sync = LoraSync(fleet.base_url, "policy", tmp_path / "adapters")
         sync.initialize(model)
         survivor, frozen = fleet.replicas
+        answers: dict[str, requests.Response] = {}
+
+        def generate(key: str) -> None:
+            body = {"model": "policy", "messages": [{"role": "user", "content": key}]}
+            body |= {"max_tokens": 200, "ignore_eos": True, "session_params": {"session_id": key}}
+            url = f"{fleet.base_url}/chat/completions"
+            answers[key] = requests.post(url, json=body, timeout=90)
+
+        playing = [threading.Thread(target=generate, args=(f"held-{i}",)) for i in range(6)]
+        for thread in playing:
+            thread.start()
+        time.sleep(0.3)  # the six keys spread over both replicas, generating
         os.kill(frozen.pid, signal.SIGSTOP)
         try:
+            began = time.monotonic()
+            for thread in playing:
+                thread.join(timeout=60)
+            assert time.monotonic() - began < 45  # not the generation timeout
+            assert sorted(answers) == [f"held-{i}" for i in range(6)]
+            assert all(a.status_code == 200 for a in answers.values()), answers
+            dropped = re.search(
+                r"is unreachable \(/health: .*, (\d+) generation\(s\) in flight sent again",
+                fleet.proxy.process.tail(200),
+            )
+            assert dropped is not None and int(dropped[1]) >= 1, fleet.proxy.process.tail(50)
             for version in (1, 2):
                 perturb(model, seed=version)
                 began = time.monotonic()
