@@ -305,17 +305,32 @@ class VllmBackend:
         return await self.forward("POST", path, timeout=self.replica_timeout)
 
     async def models(self) -> tuple[int, bytes, str]:
-        """``GET /v1/models`` of vLLM, or of the first replica that answers."""
+        """``GET /v1/models`` of vLLM, or of the replica that answers first (asked all at
+        once, each within ``replica_timeout``: a frozen one must not hold the listing that
+        tells a trainer its sampler is alive)."""
         if not self.replicas:
             return await self.forward("GET", "/v1/models")
+        asked = [
+            asyncio.ensure_future(
+                self.forward("GET", "/v1/models", root=server, timeout=self.replica_timeout)
+            )
+            for server in self.replicas
+        ]
         answer: tuple[int, bytes, str] | None = None
-        for server in self.replicas:
-            try:
-                answer = await self.forward("GET", "/v1/models", root=server)
-            except (UpstreamUnavailableError, UpstreamTimeoutError):
-                continue
-            if answer[0] < 500:
-                return answer
+        try:
+            for next_answer in asyncio.as_completed(asked):
+                try:
+                    answer = await next_answer
+                except (UpstreamUnavailableError, UpstreamTimeoutError):
+                    continue
+                if answer[0] < 500:
+                    return answer
+        finally:
+            for request in asked:
+                if request.done() and not request.cancelled():
+                    request.exception()  # retrieved: a later failure is no stray warning
+                else:
+                    request.cancel()
         if answer is None:
             raise UpstreamUnavailableError("No sampler replica answers GET /v1/models.")
         return answer
