@@ -36,6 +36,7 @@ that defines each class outside this one (a test checks that this drawing lists 
     │   │   └── SpliceError                    serve.chat: token ids cannot be spliced
     │   ├── LogprobsModeMismatchError(ValueError)  serve.proxy_routes: vLLM's logprob mode differs
     │   ├── NotFoundError(LookupError)         serve.errors: HTTP 404
+    │   ├── EpisodeAbandonedError              serve.episodes: HTTP 409, the client gave it up
     │   ├── UpstreamError                      serve.errors: vLLM answered an error
     │   ├── BadGatewayError                    serve.errors: HTTP 502
     │   ├── UpstreamUnavailableError(ConnectionError)  serve.errors: HTTP 503

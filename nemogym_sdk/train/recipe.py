@@ -372,8 +372,8 @@ def train_steps(
             curve.append(line["reward_mean"])
             with writing(f"{done.out / 'metrics.jsonl'}", latest(done.out)):
                 log(line)
-            if sync is not None and config.several_samplers:  # the router forgets them
-                ranks.on_main(functools.partial(finish_groups, sync.base_url, played.groups))
+            if config.several_samplers:  # the router forgets them (every rank: collective)
+                ranks.on_main(functools.partial(finish_groups, sampler, played.groups))
             done.finished(step + 1)
             if done.steps % config.checkpoint_every == 0 or done.steps == config.steps:
                 checkpoint(model, optimizer, source, curve, done, write=rank == 0)

@@ -160,13 +160,16 @@ def _version_args(config: TrainConfig) -> list[str]:
     ]
 
 
-def finish_groups(base_url: str, groups: Sequence[tuple[int, str]]) -> None:
-    """A step's groups are trained, so done: the router in front of the replicas forgets
-    their keys (the row ids ``AgentClient`` sends with ``group_affinity``), and its table
-    holds the groups in flight only, over a run of any length. A refusal is logged, never
-    fatal: the router's balance is at stake, not the run."""
+def finish_groups(base_url: str | None, groups: Sequence[tuple[int, str]]) -> None:
+    """A step's groups are trained, so done: the router in front of the replicas at
+    ``base_url`` (None: this rank publishes nothing, so it tells nothing) forgets their keys
+    (the row ids ``AgentClient`` sends with ``group_affinity``), and its table holds the
+    groups in flight only, over a run of any length. A refusal is logged, never fatal: the
+    router's balance is at stake, not the run."""
     from nemogym_sdk.samplers import finish_sessions
 
+    if base_url is None:
+        return
     refused = finish_sessions(base_url, [row for _, row in groups])
     if refused:
         logger.warning(
