@@ -12,10 +12,11 @@ The cluster, started once for this module:
   the policy sharded across them (``--fsdp``, gloo), attached to the sampler's proxy and to
   both deployments through their head servers.
 
-While it trains 6 steps (4 groups of 4), replica 1 is killed after step 2 and deployment A
-is stopped after step 4. Each test below checks one thing the run must show. (That a
-sharded step's gradient equals one process's is ``tests/adapters/test_torch_fsdp.py``; the
-adapter a replica refuses is the last test here, on a cluster of its own.)
+While it trains 6 steps (4 groups of 4), replica 1 is frozen (SIGSTOP) after step 1 and
+thawed after step 2, then killed after step 3, and deployment A is stopped after step 4.
+Each test below checks one thing the run must show. (That a sharded step's gradient equals
+one process's is ``tests/adapters/test_torch_fsdp.py``; the adapter a replica refuses is
+the last test here, on a cluster of its own.)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -41,8 +43,11 @@ pytestmark = [pytest.mark.gym, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 6
-KILL_REPLICA_AFTER = 2  # steps logged
+FREEZE_REPLICA_AFTER = 1  # steps logged
+THAW_REPLICA_AFTER = 2
+KILL_REPLICA_AFTER = 3
 STOP_DEPLOYMENT_AFTER = 4
+REPLICA_TIMEOUT_S = 15.0  # the proxy's --replica-timeout (its default)
 MISMATCH_MAX = 1e-4  # fp32 learner and sampler: ~1e-5; a stale adapter: ~1e-1
 GENERATIONS = 4
 ROLLOUTS = 4 * GENERATIONS  # rows_per_step x num_generations, over both ranks
@@ -141,6 +146,12 @@ def run(cluster: dict[str, Any]) -> dict[str, Any]:
     def inject() -> None:
         while all(node.poll() is None for node in nodes):
             done = len(metrics(out))
+            if done >= FREEZE_REPLICA_AFTER and "freeze" not in events:
+                os.kill(fleet.replicas[1].pid, signal.SIGSTOP)
+                events["freeze"] = done
+            if done >= THAW_REPLICA_AFTER and "thaw" not in events:
+                os.kill(fleet.replicas[1].pid, signal.SIGCONT)
+                events["thaw"] = done
             if done >= KILL_REPLICA_AFTER and "replica" not in events:
                 fleet.kill(1)
                 events["replica"] = done
@@ -175,7 +186,12 @@ def test_two_learner_nodes_train_through_replicas_and_two_deployments(
     assert [s["step"] for s in steps] == list(range(STEPS))
     assert [s["adapter_version"] for s in steps] == list(range(1, STEPS + 1))
     assert all(s["grad_norm"] > 0 for s in steps)
-    assert run["events"] == {"replica": KILL_REPLICA_AFTER, "deployment": STOP_DEPLOYMENT_AFTER}
+    assert run["events"] == {
+        "freeze": FREEZE_REPLICA_AFTER,
+        "thaw": THAW_REPLICA_AFTER,
+        "replica": KILL_REPLICA_AFTER,
+        "deployment": STOP_DEPLOYMENT_AFTER,
+    }
 
 
 def test_every_step_sampled_the_version_the_learner_had(run: dict[str, Any]) -> None:
@@ -199,7 +215,7 @@ def test_nothing_is_lost_or_counted_twice_and_failures_are_typed(run: dict[str, 
 def test_a_killed_replica_leaves_the_router_and_the_run_goes_on(
     cluster: dict[str, Any], run: dict[str, Any]
 ) -> None:
-    """Replica 1 died after step 2: the router stopped sending to it (the proxy removed it at
+    """Replica 1 died after step 3: the router stopped sending to it (the proxy removed it at
     the next publish), the survivor serves the last version, and the steps after it are whole
     again."""
     fleet = cluster["fleet"]
@@ -211,6 +227,23 @@ def test_a_killed_replica_leaves_the_router_and_the_run_goes_on(
     lost = [(s["step"], s["failures"]) for s in after]
     assert all(s["ok"] >= ROLLOUTS - GENERATIONS for s in after), lost  # a group at most
     assert run["steps"][-1]["ok"] == ROLLOUTS
+
+
+def test_a_frozen_replica_holds_no_step_and_comes_back_caught_up(
+    cluster: dict[str, Any], run: dict[str, Any]
+) -> None:
+    """Replica 1 frozen after step 1 (alive, silent) and thawed after step 2: the proxy's
+    health watch took it out of the router within its deadline and sent again what it held,
+    so no step waited for the 600 s generation timeout, and none lost a rollout to it; it
+    came back into the router only after loading every version served (no token of a
+    version it missed: ``test_every_step_sampled_the_version_the_learner_had``)."""
+    frozen = run["steps"][FREEZE_REPLICA_AFTER : THAW_REPLICA_AFTER + 1]
+    print([(s["step"], s["rollout_s"], s["failures"]) for s in frozen])
+    assert all(s["rollout_s"] < REPLICA_TIMEOUT_S + 30 for s in frozen), frozen
+    assert all(s["ok"] == ROLLOUTS for s in frozen), frozen
+    log = cluster["fleet"].proxy.process.tail(2000)
+    assert re.search(r"is unreachable \(.*\): removed from the router", log), log[-3000:]
+    assert "is back in the router, every version loaded" in log, log[-3000:]
 
 
 def test_a_deployment_that_disappears_costs_typed_failures_and_the_other_goes_on(
