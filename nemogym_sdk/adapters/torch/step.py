@@ -153,14 +153,9 @@ def train_step(
     advantages_B = _advantages(advantages, len(batch))
     old_BT = _old_logprobs(old_logprobs, batch)
     loss_mask_BT = batch.loss_mask  # completion_mask * env_mask * ok, computed once per step
-    rows = _trainable_rows(batch, loss_mask_BT, loss)
-    kept_BT = np.zeros_like(loss_mask_BT)
-    kept_BT[rows] = loss_mask_BT[rows]  # the rows in the loss; a whole group is on a rank
-    episode_tokens_B = episode_tokens(
-        torch.from_numpy(np.array(batch.episode_index, dtype=np.int64)), torch.from_numpy(kept_BT)
-    ).numpy()
-    episodes = float(len(np.unique(batch.episode_index[rows])))  # a forked one counts once
-    normalizer = _normalizer(loss_mask_BT[rows], episodes, loss, device, collective)
+    rows, episode_tokens_B, normalizer = _rows_in_the_loss(
+        batch, loss_mask_BT, loss, device, collective
+    )
 
     optimizer.zero_grad(set_to_none=True)
     began = time.perf_counter()
@@ -211,6 +206,29 @@ def train_step(
         stepped=stepped,
         forward_backward_s=forward_backward_s,
         optimizer_s=time.perf_counter() - began,
+    )
+
+
+def _rows_in_the_loss(
+    batch: Batch,
+    loss_mask_BT: npt.NDArray[np.int8],
+    loss: PolicyLoss,
+    device: torch.device,
+    collective: bool,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], float]:
+    """The rows the loss trains on, each row's episode's token count among them, and the
+    step's normaliser (over every rank when ``collective``)."""
+    rows = _trainable_rows(batch, loss_mask_BT, loss)
+    kept_BT = np.zeros_like(loss_mask_BT)
+    kept_BT[rows] = loss_mask_BT[rows]  # the rows in the loss; a whole group is on a rank
+    episode_tokens_B = episode_tokens(
+        torch.from_numpy(np.array(batch.episode_index, dtype=np.int64)), torch.from_numpy(kept_BT)
+    ).numpy()
+    episodes = float(len(np.unique(batch.episode_index[rows])))  # a forked one counts once
+    return (
+        rows,
+        episode_tokens_B,
+        _normalizer(loss_mask_BT[rows], episodes, loss, device, collective),
     )
 
 
