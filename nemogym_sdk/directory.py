@@ -298,13 +298,15 @@ class ServerDirectory:
         """Servers that do not answer ``GET /`` within ``timeout`` seconds, each probed once
         (any HTTP answer counts; a frozen or dead server does not): name -> ``"<type>
         <url>: <why>"``, e.g. to name the server behind episodes that timed out."""
-        urls = {s.name: f"{s.url}/" for s in self.servers()}
-        kinds = {s.name: s.server_type for s in self.servers()}
         with owned_session(session) as http:
             pending = poll_ready(
-                urls, timeout=0, session=http, ready=answered, probe_timeout=timeout
+                {name: f"{s.url}/" for name, s in self._servers.items()},
+                timeout=0,
+                session=http,
+                ready=answered,
+                probe_timeout=timeout,
             )
-        return {name: f"{kinds[name]} {why}" for name, why in pending.items()}
+        return {name: f"{self._servers[name].server_type} {why}" for name, why in pending.items()}
 
 
 # --- head server helpers ------------------------------------------------------------------

@@ -195,26 +195,24 @@ async def _unload_lora(request: web.Request) -> web.StreamResponse:
     return web.Response(text=await worker.run(engine.unload_lora, body, exclusive=True))
 
 
+def query_value(request: web.Request, name: str, what: str) -> str:
+    """The query parameter ``name`` of ``request``; a 400 naming ``what`` it must hold when
+    it is missing or empty."""
+    value = request.query.get(name, "")
+    if not value:
+        raise BadRequestError(f"{request.path} needs ?{name}=<{what}>")
+    return value
+
+
 def session_key(request: web.Request) -> str:
     """The ``session_id`` of ``POST /finish_session?session_id=<key>``."""
-    key = request.query.get(SESSION_ID, "")
-    if not key:
-        raise BadRequestError(f"{ROUTER_FINISH_SESSION} needs ?{SESSION_ID}=<the group's key>")
-    return key
-
-
-def episode_key(request: web.Request) -> str:
-    """The ``episode_id`` of ``POST /abort_episode?episode_id=<id>``."""
-    episode = request.query.get(EPISODE_ID_PARAM, "")
-    if not episode:
-        raise BadRequestError(f"{ABORT_EPISODE_ROUTE} needs ?{EPISODE_ID_PARAM}=<the episode's id>")
-    return episode
+    return query_value(request, SESSION_ID, "the group's key")
 
 
 async def abort_episode(request: web.Request) -> web.StreamResponse:
     """The client gave up on an episode: its generation in flight stops, its later turns
     are refused (`nemogym_sdk.serve.episodes`)."""
-    episode = episode_key(request)
+    episode = query_value(request, EPISODE_ID_PARAM, "the episode's id")
     stopped = request.app[ENGINE_KEY].episodes.abandon(episode)
     return web.json_response({"status": "ok", EPISODE_ID_PARAM: episode, "stopped": stopped})
 

@@ -315,39 +315,36 @@ class _VllmAdapters:
         the publish set, its generations in flight sent again to the others
         (`VllmBackend.drop_replica`), so it holds no step for the generation timeout."""
         servers = list(self.proxy.replicas)
+        timeout = self.proxy.replica_timeout
         answers = await asyncio.gather(
-            *(self._health(server) for server in servers), return_exceptions=True
+            *(self._health(server, timeout) for server in servers), return_exceptions=True
         )
         for server, answer in zip(servers, answers, strict=True):
-            if answer is None or len(self.proxy.replicas) < 2:
-                continue  # answers; or the last one left, whose loss ends the run anyway
+            if (isinstance(answer, int) and answer < 500) or len(self.proxy.replicas) < 2:
+                continue  # it answers; or it is the last one left, whose loss ends the run
+            why = f"HTTP {answer}" if isinstance(answer, int) else str(answer)
             async with self.lock:
                 if server in self.proxy.replicas:
                     try:
-                        await self.proxy.drop_replica(server, f"/health: {answer}")
+                        await self.proxy.drop_replica(server, f"/health: {why}")
                     except UpstreamUnavailableError:
                         logger.warning("no replica is left answering")
 
-    async def _health(self, server: str) -> str | None:
-        """Why ``server`` does not answer ``/health`` in time, or None."""
+    async def _health(self, server: str, timeout: float) -> int | str:
+        """The status of ``server``'s ``/health`` within ``timeout`` seconds, or why there
+        was none."""
         try:
-            status, _, _ = await self.proxy.forward(
-                "GET", "/health", root=server, timeout=self.proxy.replica_timeout
-            )
+            status, _, _ = await self.proxy.forward("GET", "/health", root=server, timeout=timeout)
         except (UpstreamUnavailableError, UpstreamTimeoutError) as error:
             return str(error)
-        return None if status < 500 else f"HTTP {status}"
+        return status
 
     async def readmit_dropped(self) -> None:
         """Each dropped replica that answers ``/health`` again gets every version served now
         (loaded in place, listed in its ``/v1/models``), loses the slots evicted meanwhile,
         and only then goes back into the router and the publish set."""
         for server in list(self.proxy.dropped):
-            try:
-                status, _, _ = await self.proxy.forward("GET", "/health", root=server, timeout=2)
-            except (UpstreamUnavailableError, UpstreamTimeoutError):
-                continue
-            if status != 200:
+            if await self._health(server, timeout=2) != 200:
                 continue
             async with self.lock:
                 try:

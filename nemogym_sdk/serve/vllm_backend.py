@@ -114,8 +114,6 @@ class VllmBackend:
         """Replicas taken out of the router (server root -> why), until they come back."""
         self.drops = 0
         """Replicas dropped so far; a generation in flight at a drop is sent again."""
-        self.resent = 0
-        """Generations sent again because a replica was dropped while they ran."""
         self._generating: set[asyncio.Future[Any]] = set()
         self.vllm_url = openai_url(vllm_url)
         self.template = template
@@ -467,7 +465,6 @@ class VllmBackend:
                 current = asyncio.current_task()
                 if self.drops == drops or (current is not None and current.cancelling()):
                     raise  # cancelled from outside (an abandoned episode, a closing server)
-                self.resent += 1
             finally:
                 self._generating.discard(request)
 

@@ -22,7 +22,7 @@ from nemogym_sdk import ranks
 from nemogym_sdk.directory import ServerDirectory
 from nemogym_sdk.records import Rollout
 from nemogym_sdk.train.checkpoints import latest
-from nemogym_sdk.train.faults import check_rollouts, writing
+from nemogym_sdk.train.faults import FAILURES_FILE, check_rollouts, writing
 from nemogym_sdk.train.play import Played
 
 __all__ = [
@@ -33,9 +33,6 @@ __all__ = [
     "record_failures",
     "silent_servers",
 ]
-
-FAILURES_FILE = "failures.jsonl"
-"""In ``out``: a line per failed rollout, ``{"step", "row_id", "status", "reason"}``."""
 
 
 def failure_lines(step: int, rollouts: Sequence[Rollout]) -> list[dict[str, Any]]:

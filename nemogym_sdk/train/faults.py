@@ -36,6 +36,7 @@ from nemogym_sdk.errors import ConfigError, NemoGymError
 from nemogym_sdk.lora.versions import unwritable
 
 __all__ = [
+    "FAILURES_FILE",
     "Interrupted",
     "RunStoppedError",
     "SamplerWatch",
@@ -45,6 +46,10 @@ __all__ = [
     "where_reasons",
     "writing",
 ]
+
+FAILURES_FILE = "failures.jsonl"
+"""In ``out``: a line per failed rollout, ``{"step", "row_id", "status", "reason"}``
+(``nemogym_sdk.train.failures`` writes it; the stop messages here name it)."""
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _STOP = signal.SIGUSR1
@@ -189,7 +194,7 @@ def where_reasons(out: Path | None) -> str:
         else ", NeMo Gym's where its deployment keeps them (the trainer did not start it)"
     )
     return (
-        f"each failed rollout's reason is in {out / 'failures.jsonl'}; the samplers' logs are "
+        f"each failed rollout's reason is in {out / FAILURES_FILE}; the samplers' logs are "
         f"in {out / 'logs'}/{gym_logs}"
     )
 

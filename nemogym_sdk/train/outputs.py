@@ -24,7 +24,7 @@ from typing import Any, TypeAlias
 
 from nemogym_sdk.train.checkpoints import latest
 from nemogym_sdk.train.config import TrainConfig
-from nemogym_sdk.train.failures import FAILURES_FILE
+from nemogym_sdk.train.faults import FAILURES_FILE
 from nemogym_sdk.train.trackers import Trackers
 
 __all__ = [

@@ -162,7 +162,7 @@ def _version_args(config: TrainConfig) -> list[str]:
 
 def finish_groups(base_url: str | None, groups: Sequence[tuple[int, str]]) -> None:
     """A step's groups are trained, so done: the router in front of the replicas at
-    ``base_url`` (None: this rank publishes nothing, so it tells nothing) forgets their keys
+    ``base_url`` (the main rank's sampler; None: no sampler to tell) forgets their keys
     (the row ids ``AgentClient`` sends with ``group_affinity``), and its table holds the
     groups in flight only, over a run of any length. A refusal is logged, never fatal: the
     router's balance is at stake, not the run."""
