@@ -60,6 +60,7 @@ from nemogym_sdk.wire import (
     build_run_body,
     with_affinity,
     with_episode,
+    with_seed,
 )
 
 __all__ = ["AgentClient", "RawRun", "RowInput"]
@@ -135,7 +136,8 @@ class _Job(NamedTuple):
     body: bytes
     """The encoded ``/run`` body (encoded before anything is sent)."""
     episode: str | None = None
-    """The episode id its model requests carry (``sampler_url`` set), or None."""
+    """The episode id its model requests carry, where the client aborts it when it gives up
+    on it (``sampler_url`` set), or None."""
 
 
 class AgentClient(SessionOwner):
@@ -286,14 +288,19 @@ class AgentClient(SessionOwner):
             if self.group_affinity:
                 data = with_affinity(data, request.row.row_id)
             episode = None
-            if self.sampler_url is not None:
+            if self.sampler_url is not None or request.seed is not None:
+                # an id per episode: where to abort it, and what tells the sampler that
+                # its turns share one seed (nemogym_sdk.serve.episodes.turn_seed)
                 episode = f"{request.row.row_id}#{request.repeat_index}#{uuid.uuid4().hex[:12]}"
                 data = with_episode(data, episode)
+            if request.seed is not None:
+                data = with_seed(data, request.seed)
+            abortable = episode if self.sampler_url is not None else None
             try:
                 body = orjson.dumps(build_run_body(data, overrides))
             except (TypeError, ValueError) as exc:
                 raise DataError(f"row {request.row.row_id} cannot be sent as JSON: {exc}") from exc
-            jobs.append(_Job(index, request, name, urls[name], body, episode))
+            jobs.append(_Job(index, request, name, urls[name], body, abortable))
         return jobs
 
     def _start_batch(self) -> float | None:

@@ -10,6 +10,7 @@ a table (heterogeneous rows would be unified and ``None``-filled), and identifie
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from collections.abc import Iterable, Sequence
@@ -20,7 +21,7 @@ from nemogym_sdk.errors import ConfigError, RowError
 from nemogym_sdk.records import RolloutRequest, TaskRow
 from nemogym_sdk.wire import RESPONSES_CREATE_PARAMS, create_params
 
-__all__ = ["expand_groups", "load_rows", "read_rows"]
+__all__ = ["expand_groups", "load_rows", "read_rows", "rollout_seed"]
 
 StrPath = str | PathLike[str]
 
@@ -93,3 +94,11 @@ def expand_groups(rows: Iterable[TaskRow], num_generations: int) -> list[Rollout
         for row in rows
         for index in range(num_generations)
     ]
+
+
+def rollout_seed(seed: int, group: int, index: int) -> int:
+    """The sampling seed of rollout ``index`` of group ``group`` in a run seeded ``seed``
+    (``RolloutRequest.seed``): a 63-bit hash of the three, the same wherever it is
+    computed, so a group played again draws its tokens again."""
+    digest = hashlib.blake2b(f"{seed}:{group}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1

@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from nemogym_sdk import _extras
+from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.wire import agent_name
 
 if TYPE_CHECKING:
@@ -348,6 +349,17 @@ class RolloutRequest:
     """The dataset row to send to the agent."""
     repeat_index: int = 0
     """0-based index within the group of ``num_generations`` rollouts of this row."""
+    seed: int | None = None
+    """The sampling seed of the rollout's model turns (``AgentClient`` sends it with them,
+    as ``wire.with_seed`` writes it), or None: the sampler draws its own. The same seed and
+    policy play the same tokens on ``nemogym_sdk.serve``'s own sampler, which mixes the
+    seed with each turn's prompt length so that the turns of one episode draw apart."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0
+        ):
+            raise ConfigError(f"a rollout's seed must be an integer >= 0, got {self.seed!r}")
 
 
 _TORCH_DTYPES = {

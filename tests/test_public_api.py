@@ -252,6 +252,7 @@ SURFACE: dict[str, set[str]] = {
         "ROUTED_EXPERTS",
         "ROUTER_FINISH_SESSION",
         "ROUTER_SESSION_HEADER",
+        "SAMPLING_SEED",
         "RUN_ROUTE",
         "RunResult",
         "SEED_SESSION_ROUTE",
@@ -286,6 +287,7 @@ SURFACE: dict[str, set[str]] = {
         "sampling_overrides",
         "with_affinity",
         "with_episode",
+        "with_seed",
     },
     "nemogym_sdk.grpo": {
         "AdvantageStats",

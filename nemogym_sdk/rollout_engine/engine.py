@@ -48,6 +48,7 @@ from typing import Any, Self
 
 from nemogym_sdk._net.aio import BackgroundLoop
 from nemogym_sdk.client import AgentClient
+from nemogym_sdk.data import rollout_seed
 from nemogym_sdk.errors import ConfigError, UsageError
 from nemogym_sdk.records import Rollout, RolloutRequest, RolloutStatus, TaskRow
 from nemogym_sdk.rollout_engine.groups import (
@@ -355,8 +356,18 @@ class RolloutEngine:
         with self._cond:
             self._members[index] = [None] * self.options.num_generations
             self._began[index] = time.monotonic()
+        seed = self.options.seed
         tasks = [
-            asyncio.ensure_future(self._play_member(index, RolloutRequest(row=row, repeat_index=i)))
+            asyncio.ensure_future(
+                self._play_member(
+                    index,
+                    RolloutRequest(
+                        row=row,
+                        repeat_index=i,
+                        seed=None if seed is None else rollout_seed(seed, index, i),
+                    ),
+                )
+            )
             for i in range(self.options.num_generations)
         ]
         with self._cond:

@@ -36,6 +36,10 @@ class EngineOptions:
     waits for its episodes' deadlines."""
     parse: ParseOptions = attrs.field(factory=ParseOptions)
     """How ``/run`` results become rollouts."""
+    seed: int | None = None
+    """Episode ``i`` of group ``n`` samples with ``data.rollout_seed(seed, n, i)``, so a
+    group played again (a resumed run) draws what it drew before; None: the sampler draws
+    its own."""
 
     def __attrs_post_init__(self) -> None:
         for name in ("num_generations", "groups_per_step"):
@@ -51,6 +55,9 @@ class EngineOptions:
                 f"max_inflight={self.max_inflight} cannot hold one group of "
                 f"num_generations={self.num_generations} episodes: the engine starts whole groups"
             )
+        seed = self.seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ConfigError(f"seed must be an integer or None, got {seed!r}")
         if self.episode_timeout is not None and not self.episode_timeout > 0:
             raise ConfigError(f"episode_timeout must be > 0 seconds, got {self.episode_timeout}")
 

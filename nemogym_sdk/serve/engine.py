@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.serve.chat import HISTORIES, History, count_assistant_turns
-from nemogym_sdk.serve.episodes import Episodes
+from nemogym_sdk.serve.episodes import Episodes, turn_seed
 from nemogym_sdk.serve.errors import BadRequestError, NotFoundError, ServeError
 from nemogym_sdk.serve.interface import LOGPROBS_MODES, Generation, LogprobsMode, ModelBackend
 from nemogym_sdk.serve.parsers import OutputParsers
@@ -203,8 +203,9 @@ class ServeEngine:
             chat_template_kwargs=request.chat_template_kwargs,
         )
 
-    def _seed(self, request: ChatRequest) -> int:
-        seed = request.sampling.seed
+    def _seed(self, request: ChatRequest, episode: str | None, prompt_length: int) -> int:
+        """The turn's seed (`turn_seed`), or one of the server's own draws."""
+        seed = turn_seed(request.sampling.seed, episode, prompt_length)
         return self._rng.getrandbits(63) if seed is None else seed
 
     def _chat_request(self, body: Any) -> ChatRequest:
@@ -226,7 +227,7 @@ class ServeEngine:
         episode = episode_of(body)
         seed: int | None = None
         if self.mode == "sample":
-            seed = self._seed(request)
+            seed = self._seed(request, episode, len(prompt_ids))
             with self.episodes.running(episode) as aborted:
                 generation = self.local.sample(
                     prompt_ids,
@@ -263,7 +264,8 @@ class ServeEngine:
         # ("CPU Generator does not use offset") when chunked prefill splits a prompt across
         # steps, which a batch of concurrent rollouts does. Unseeded requests use vLLM's
         # engine-wide generator (seeded by its --seed).
-        seed = request.sampling.seed
+        episode = episode_of(body)
+        seed = turn_seed(request.sampling.seed, episode, len(prompt_ids))
         generating = functools.partial(
             proxy.generate,
             prompt_ids,
@@ -273,7 +275,7 @@ class ServeEngine:
             top_logprobs=request.top_logprobs,
             affinity=affinity_key(body),
         )
-        generation = await self.episodes.generate(episode_of(body), generating)
+        generation = await self.episodes.generate(episode, generating)
         return self._answer(request, prompt_ids, generation, seed, model, served)
 
     def complete(self, body: Any) -> dict[str, Any]:

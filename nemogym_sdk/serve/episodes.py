@@ -12,6 +12,10 @@ the server:
   job, which its batch drops at the next token;
 - the episodes abandoned (the newest ``remember``), whose later turns are refused with
   ``EpisodeAbandonedError`` (HTTP 409) at once, before any token is generated.
+
+Every turn of an episode carries the episode's sampling seed, when the client sends one
+(``RolloutRequest.seed``); ``turn_seed`` mixes it with the turn's prompt length, so that the
+turns draw apart and a replayed episode draws the same tokens again.
 """
 
 from __future__ import annotations
@@ -19,15 +23,28 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import hashlib
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 from nemogym_sdk.serve.errors import ServeError
 
-__all__ = ["EpisodeAbandonedError", "Episodes"]
+__all__ = ["EpisodeAbandonedError", "Episodes", "turn_seed"]
 
 T = TypeVar("T")
+
+
+def turn_seed(seed: int | None, episode: str | None, prompt_length: int) -> int | None:
+    """The seed a turn samples with: a request's ``seed`` as sent, except that of a turn of
+    an episode (every turn of which carries the episode's seed), mixed with the turn's
+    prompt length. A prompt grows from turn to turn, so an episode's turns draw from
+    streams of their own (one stream for all would tie each turn's draws to the last
+    turn's), and a turn played again with the same prompt draws the same tokens."""
+    if seed is None or episode is None:
+        return seed
+    digest = hashlib.blake2b(f"{seed}:{prompt_length}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1  # 63 bits, as the server's own draws
 
 
 class EpisodeAbandonedError(ServeError):

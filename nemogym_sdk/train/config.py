@@ -116,6 +116,12 @@ class TrainConfig:
     """Send each group's rollouts with its row id as the router's affinity key (always on
     with ``replicas > 1`` or ``router_url``; set it when ``backend_url`` is a proxy in
     front of a router the run attaches to)."""
+    seeded_rollouts: bool = False
+    """Send every rollout a sampling seed made from ``seed``, its group's number and its index
+    (``data.rollout_seed``), so a group played again (a resumed run) draws the same tokens
+    (always on when the run starts the ``transformers`` sampler or its replicas; set it when
+    ``backend_url`` is such a sampler; never with vLLM on CPU, which a per-request seed in a
+    batch crashes)."""
     device: str = "auto"
     """Where the learner (model, batches, loss) runs, and the ``transformers`` sampler it
     starts: ``auto`` (``cuda`` when torch sees a GPU, else ``cpu``), ``cpu``, ``cuda`` or
@@ -380,11 +386,20 @@ class TrainConfig:
             max_inflight=self.max_inflight,
             episode_timeout=self.episode_timeout,
             cut_stragglers=self.cut_stragglers,
+            seed=self.rollout_seed,
             parse=ParseOptions(
                 on_drift=DriftPolicy.FORK if self.history == "template" else DriftPolicy.MARK,
                 max_completion_length=self.max_completion_length,
             ),
         )
+
+    @property
+    def rollout_seed(self) -> int | None:
+        """What each rollout's sampling seed is made from (``seeded_rollouts``): ``seed``, or
+        None (the sampler's own draws)."""
+        started = self.backend_url is None and self.router_url is None
+        seeded = self.seeded_rollouts or (started and self.backend == "transformers")
+        return self.seed if seeded else None
 
     @property
     def adapter_versions(self) -> int:

@@ -22,7 +22,8 @@ import time
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from nemogym_sdk import AgentClient, Rollout, RolloutEngine, TaskRow, ranks
+from nemogym_sdk import AgentClient, Rollout, RolloutEngine, RolloutRequest, TaskRow, ranks
+from nemogym_sdk.data import rollout_seed
 from nemogym_sdk.train.config import TrainConfig
 
 __all__ = ["Played", "RolloutSource", "play", "rows_for_step"]
@@ -103,10 +104,15 @@ def _sync_steps(
     parse = config.engine_options().parse
 
     def run(step: int) -> list[Rollout]:
-        mine = rows_for_step(rows, step, config)[rank::world]
-        return client.run_sync(
-            mine, eos_token_id=eos, num_generations=config.num_generations, parse=parse
-        )
+        first = step * config.rows_per_step
+        played = rows_for_step(rows, step, config)
+        requests = [
+            RolloutRequest(row=row, repeat_index=i, seed=_seed(config, first + group, i))
+            for group, row in enumerate(played)
+            if group % world == rank  # this rank's groups
+            for i in range(config.num_generations)
+        ]
+        return client.run_sync(requests, eos_token_id=eos, parse=parse)
 
     pool = concurrent.futures.ThreadPoolExecutor(1)
     try:
@@ -123,6 +129,12 @@ def _sync_steps(
         # a run stopped early does not wait for the step being prefetched: closing the
         # client cancels its episodes
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _seed(config: TrainConfig, group: int, index: int) -> int | None:
+    """Rollout ``index`` of group ``group``'s sampling seed, or None (``rollout_seed``)."""
+    seed = config.rollout_seed
+    return None if seed is None else rollout_seed(seed, group, index)
 
 
 class _Async:

@@ -31,11 +31,13 @@ from nemogym_sdk.wire.affinity import (
     EPISODE_ID_PARAM,
     ROUTER_FINISH_SESSION,
     ROUTER_SESSION_HEADER,
+    SAMPLING_SEED,
     SESSION_ID,
     affinity_key,
     episode_of,
     with_affinity,
     with_episode,
+    with_seed,
 )
 from nemogym_sdk.wire.head import ServerInstance, decode_server_instance, encode_server_instance
 from nemogym_sdk.wire.names import (
@@ -154,6 +156,7 @@ __all__ = [
     "ROUTED_EXPERTS",
     "ROUTER_FINISH_SESSION",
     "ROUTER_SESSION_HEADER",
+    "SAMPLING_SEED",
     "SESSION_ID",
     "RUN_ROUTE",
     "SEED_SESSION_ROUTE",
@@ -189,4 +192,5 @@ __all__ = [
     "sampling_overrides",
     "with_affinity",
     "with_episode",
+    "with_seed",
 ]

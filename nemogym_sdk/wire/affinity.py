@@ -34,8 +34,10 @@ __all__ = [
     "SESSION_PARAMS",
     "affinity_key",
     "episode_of",
+    "SAMPLING_SEED",
     "with_affinity",
     "with_episode",
+    "with_seed",
 ]
 
 METADATA = "metadata"
@@ -52,6 +54,9 @@ EPISODE_ID = "nemogym_episode_id"
 """The SDK's own field of a chat request body (merged in from ``extra_body`` as the router's
 key is): which episode the turn belongs to, so ``nemogym_sdk.serve`` can stop an episode
 the client has given up on."""
+SAMPLING_SEED = "seed"
+"""A chat request's sampling seed (OpenAI's and vLLM's ``seed``), merged in from
+``extra_body`` like the keys above: the seed of a rollout (``RolloutRequest.seed``)."""
 ABORT_EPISODE_ROUTE = "/abort_episode"
 """``nemogym_sdk.serve``'s route (``POST /abort_episode?episode_id=<id>``): the client gave
 up on the episode; its generation in flight stops and its later turns are refused."""
@@ -76,6 +81,12 @@ def with_episode(row: Mapping[str, Any], episode: str) -> dict[str, Any]:
     """A copy of ``row`` whose model requests carry the id ``episode`` (``EPISODE_ID``), the
     key the client aborts the episode by at ``nemogym_sdk.serve`` once it gives up on it."""
     return _with_extra_body(row, lambda extra: extra.__setitem__(EPISODE_ID, episode))
+
+
+def with_seed(row: Mapping[str, Any], seed: int) -> dict[str, Any]:
+    """A copy of ``row`` whose model requests carry the sampling ``seed``
+    (``SAMPLING_SEED``): every turn of the episode gets the same one."""
+    return _with_extra_body(row, lambda extra: extra.__setitem__(SAMPLING_SEED, seed))
 
 
 def episode_of(body: Mapping[str, Any]) -> str | None:

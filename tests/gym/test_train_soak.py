@@ -1,5 +1,6 @@
 """nemogym-train killed with SIGKILL at random moments, ``--resume`` after each, to the end
-(issue 29): every step is trained once, every group once, none skipped, in both modes.
+(issue 29): every step is trained once, every group once, none skipped, in both modes; in
+sync mode the final adapter is the one a run without kills ends with.
 
 The runs attach to the worker's toy deployment (``tests/gym/deployment.py``), so a resume
 costs the trainer's own start only, and kills land anywhere: during the start, the
@@ -36,7 +37,18 @@ SEED = TrainConfig().seed
 FLAGS = (
     *("--rows-per-step", str(ROWS_PER_STEP), "--num-generations", "4"),
     *("--steps", str(STEPS), "--checkpoint-every", "1", "--max-staleness", str(MAX_STALENESS)),
+    "--seeded-rollouts",  # a group played again draws its tokens again
 )
+MODE_FLAGS = {
+    "sync": ("--mode", "sync", "--importance-sampling", "none"),
+    "async": ("--mode", "async"),
+}
+"""Sync runs weigh no token by the sampler's logprob: those vary in the last float bits with
+what the CPU sampler batches a turn with, which a weight passes on to the gradient, so that
+two runs without kills drift apart after some 20 steps (Adam turns a difference in the last
+bits of a near-zero gradient into one of the learning rate). Without it two runs of 40 steps
+end with the same adapter to the bit, and a resumed one can be held to that."""
+ADAPTER = "adapter_model.safetensors"
 
 
 @attrs.frozen
@@ -56,7 +68,7 @@ def soak(toy: ToyDeployment, out: Path, mode: str, seed: int) -> tuple[list[Kill
     kills: list[Kill] = []
     resume: tuple[str, ...] = ()
     while len(kills) < KILLS and len(steps_logged(out)) <= STEPS - 2:
-        trainer = start(out, *toy.flags, *FLAGS, "--mode", mode, *resume)
+        trainer = start(out, *toy.flags, *FLAGS, *MODE_FLAGS[mode], *resume)
         began = time.monotonic()
         if rng.random() < 0.2:
             time.sleep(rng.uniform(0.5, 4.0))
@@ -71,7 +83,7 @@ def soak(toy: ToyDeployment, out: Path, mode: str, seed: int) -> tuple[list[Kill
         gone_within(lambda s=started: [s[pid] for pid in s if alive(pid)], 15)
         kills.append(Kill(round(after, 2), len(steps_logged(out))))
         resume = ("--resume",) if any((out / "checkpoints").glob("step_*")) else ()
-    trainer = start(out, *toy.flags, *FLAGS, "--mode", mode, *resume)
+    trainer = start(out, *toy.flags, *FLAGS, *MODE_FLAGS[mode], *resume)
     _, err = trainer.communicate(timeout=600)
     assert trainer.returncode == 0, err[-3000:]
     return kills, err
@@ -109,6 +121,7 @@ def test_random_kills_lose_no_step_and_train_no_group_twice(
             assert row == rows[number % len(rows)], (number, row)
     if mode == "sync":
         assert numbers == list(range(STEPS * ROWS_PER_STEP))
+        _check_the_adapter_is_a_run_without_kills(toy_deployment, out, tmp_path / "unkilled")
         return
     summary = json.loads((out / "summary.json").read_text())
     untrained = summary["leftover"]["untrained_groups"]
@@ -116,3 +129,27 @@ def test_random_kills_lose_no_step_and_train_no_group_twice(
     assert not set(numbers) & set(untrained)
     assert started == set(range(max(started) + 1)), (steps, untrained)  # none skipped
     assert len(untrained) <= (MAX_STALENESS + 1) * ROWS_PER_STEP  # the pacing's bound
+
+
+def _check_the_adapter_is_a_run_without_kills(
+    toy: ToyDeployment, killed: Path, unkilled: Path
+) -> None:
+    """The same steps, rows and rollout seeds, run without a kill, end with the same adapter
+    and log the same rewards: a resume loses nothing of the optimizer or the data, and
+    replays what the killed run played. To the bit, as two runs without kills do
+    (`MODE_FLAGS`); training moves LoRA's B, which starts at 0, by about 1e-1."""
+    from safetensors.numpy import load_file
+
+    trainer = start(unkilled, *toy.flags, *FLAGS, *MODE_FLAGS["sync"])
+    _, err = trainer.communicate(timeout=600)
+    assert trainer.returncode == 0, err[-3000:]
+    rewards = [[line["reward_mean"] for line in steps_logged(out)] for out in (killed, unkilled)]
+    assert rewards[0] == rewards[1], rewards
+    final = f"checkpoints/step_{STEPS:06d}/{ADAPTER}"
+    ours, theirs = load_file(killed / final), load_file(unkilled / final)
+    assert ours.keys() == theirs.keys()
+    # LoRA's B starts at 0: its weights are what training moved
+    moved = max(float(abs(w).max()) for k, w in theirs.items() if "lora_B" in k)
+    apart = max(float(abs(ours[k] - theirs[k]).max()) for k in ours)
+    print(f"final adapter: {apart:.2e} apart, LoRA's B moved up to {moved:.2f}")
+    assert moved > 1e-2 and apart == 0.0, (apart, moved)

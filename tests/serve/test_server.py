@@ -11,6 +11,8 @@ import pytest
 import requests
 
 from nemogym_sdk.serve.engine import DEFAULT_SCRIPTED_ANSWER
+from nemogym_sdk.serve.episodes import turn_seed
+from nemogym_sdk.wire import EPISODE_ID
 
 from .conftest import MODEL_NAME, TIME_TOOL, WEATHER_TOOL, make_server
 
@@ -213,6 +215,27 @@ def test_sample_mode_is_seeded_and_splices_arbitrary_generations(sample_server: 
         f"{sample_server.url}/tokenize", json={"messages": messages}, timeout=30
     ).json()
     assert tokenized["tokens"] == second["prompt_token_ids"]
+
+
+def test_the_turns_of_a_seeded_episode_draw_apart_and_replay(sample_server: Any) -> None:
+    """A turn of an episode (``EPISODE_ID``) samples with its seed mixed with its prompt's
+    length (``turn_seed``): the episode's turns, which share the seed, draw from streams of
+    their own, and a turn sent again draws the same tokens."""
+    episode = "seeds.jsonl:0#1#ab"
+    body = {"messages": START, "max_tokens": 24, "seed": 7, "return_token_ids": True, **TRAINING}
+    first = chat(sample_server, **body, **{EPISODE_ID: episode})
+    again = chat(sample_server, **body, **{EPISODE_ID: episode})
+    assert again["choices"][0]["token_ids"] == first["choices"][0]["token_ids"]
+    later = [*START, assistant_message(first), {"role": "user", "content": "go on"}]
+    second = chat(sample_server, **{**body, "messages": later, EPISODE_ID: episode})
+    for turn, messages in ((first, START), (second, later)):
+        mixed = turn_seed(7, episode, len(turn["prompt_token_ids"]))
+        assert mixed is not None and mixed != 7
+        tokens = turn["choices"][0]["token_ids"]
+        as_sent = chat(sample_server, **{**body, "messages": messages})  # no episode: seed 7
+        assert as_sent["choices"][0]["token_ids"] != tokens
+        drawn = chat(sample_server, **{**body, "messages": messages, "seed": mixed})
+        assert drawn["choices"][0]["token_ids"] == tokens
 
 
 def test_errors_are_vllm_shaped(scripted_server: Any) -> None:
