@@ -104,8 +104,11 @@ def _environments(family: Family) -> tuple[str, ...]:
     return ENVIRONMENTS
 
 
-def _play(stack: GymStack, environments: tuple[str, ...]) -> list[tuple[str, bytes]]:
-    """Every environment's first ``ROWS`` rows, ``REPEATS`` times: ``(environment, result)``."""
+def _play(
+    stack: GymStack, environments: tuple[str, ...], at_once: int = 4
+) -> list[tuple[str, bytes]]:
+    """Every environment's first ``ROWS`` rows, ``REPEATS`` times: ``(environment, result)``,
+    ``at_once`` episodes at a time."""
     jobs = []
     for environment in environments:
         agent = stack.environment(environment).agent
@@ -120,7 +123,7 @@ def _play(stack: GymStack, environments: tuple[str, ...]) -> list[tuple[str, byt
         assert response.status_code == 200, response.text[-2000:]
         return environment, response.content
 
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    with concurrent.futures.ThreadPoolExecutor(at_once) as pool:
         return list(pool.map(run, jobs))
 
 
@@ -272,7 +275,9 @@ def test_a_family_through_real_vllm_and_nemo_gym(
                 vllm.base_url, model_dir, extra_args=proxy_args, log_path=tmp_path / "p.log"
             ) as proxy:
                 front.upstream = proxy.base_url
-                ours = _play(stack, _environments(family))
+                # one episode at a time: vLLM then computes every turn in a batch of one,
+                # as the learner does (batched, its fp32 logprobs moved by up to 1.1e-4)
+                ours = _play(stack, _environments(family), at_once=1)
             front.upstream = vllm.base_url
             plain = _play(stack, _environments(family))
     finally:
