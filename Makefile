@@ -19,7 +19,7 @@ EXTRAS ?= dev,serve,trl,train,testing,docs,trackers
 GYM_VENV := .venv-gym
 NEMO_GYM_SPEC ?= nemo-gym==0.7.0
 
-.PHONY: install gym-venv axolotl-venv vllm-venv router-venv lint typecheck test test-unit test-fast fuzz bench demo docs dist clean
+.PHONY: install gym-venv axolotl-venv vllm-venv router-venv family-models lint typecheck test test-unit test-fast fuzz bench demo docs dist clean
 
 # Every venv is keyed by what it holds: its stamp's name carries a hash of its spec (the
 # pins below, and pyproject.toml for the venvs that install this repo). Changing a pin
@@ -124,6 +124,13 @@ $(ROUTER_STAMP):
 
 router-venv: $(ROUTER_STAMP)
 
+# The model families' tiny models and the taught ones (python -m nemogym_sdk.serve.families),
+# cached once per machine in $NEMOGYM_FAMILY_MODELS, else ~/.cache/nemogym_sdk/family-models:
+# built beside the venvs (teaching all five costs about two CPU minutes, while the venvs
+# mostly wait on downloads), so the suite finds them. Already built: a second.
+family-models: install
+	$(PY) -m nemogym_sdk.serve.families --taught
+
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -140,9 +147,10 @@ TEST_WORKERS ?= auto
 XDIST := -n $(TEST_WORKERS) --maxprocesses 4 --dist loadscope --no-loadscope-reorder
 PYTEST_ARGS ?=
 
-# The venvs and the static checks are built side by side, then the whole suite runs.
+# The venvs, the family models and the static checks are built side by side, then the whole
+# suite runs.
 test: install
-	$(MAKE) --no-print-directory -j6 --output-sync=target lint typecheck gym-venv axolotl-venv vllm-venv router-venv
+	$(MAKE) --no-print-directory -j7 --output-sync=target lint typecheck gym-venv axolotl-venv vllm-venv router-venv family-models
 	$(PY) -m pytest -q $(XDIST) --durations=30 $(PYTEST_ARGS)
 
 # The inner loop: no servers, no NeMo Gym, no vLLM (a few minutes).
