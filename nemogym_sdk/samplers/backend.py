@@ -91,6 +91,7 @@ def start_serve(
     extra_args: Sequence[str] = (),
     log_path: str | os.PathLike[str] | None = None,
     ready_timeout: float = 120.0,
+    port: int | None = None,
 ) -> BackendProcess:
     """Start ``python -m nemogym_sdk.serve`` on a free loopback port and wait until it answers.
 
@@ -104,6 +105,8 @@ def start_serve(
         extra_args: more command-line flags for the server.
         log_path: its log file; default a file in the temporary directory.
         ready_timeout: seconds to wait for ``/health``.
+        port: the loopback port to serve on (one chosen beforehand, so that its URL can be
+            handed out before it answers); default a free one.
 
     The server's torch threads wait passively (``OMP_WAIT_POLICY=PASSIVE`` unless this
     process's environment sets it): it shares the machine's cores with a learner, and threads
@@ -112,7 +115,8 @@ def start_serve(
     Raises ``ServerStartError`` (the log's tail included) if it exits, ``ServerNotReadyError``
     if it does not answer in time; the process is stopped before either propagates.
     """
-    (port,) = free_loopback_ports(1)
+    if port is None:
+        (port,) = free_loopback_ports(1)
     argv = [sys.executable, "-m", "nemogym_sdk.serve", "--host", LOOPBACK, "--port", str(port)]
     argv += ["--mode", mode, "--logprobs-mode", logprobs_mode, "--seed", str(seed)]
     if model is not None:

@@ -94,6 +94,7 @@ def start_samplers(
     replica_args: Sequence[str] = (),
     proxy_args: Sequence[str] = (),
     log_dir: str | os.PathLike[str] | None = None,
+    proxy_port: int | None = None,
 ) -> SamplerFleet:
     """Start ``count`` replicas of ``model_dir``, ``vllm-router`` over them and the proxy.
 
@@ -115,6 +116,8 @@ def start_samplers(
         proxy_args: more flags for the proxy (its ``--reasoning-parser`` and
             ``--tool-call-parser``: the proxy builds the chat message).
         log_dir: where each process logs (``replica-<i>.log``, ``router.log``, ``proxy.log``).
+        proxy_port: the proxy's loopback port, chosen beforehand so that its URL can be
+            handed out before it answers (default a free one).
 
     Everything started is stopped again if a later start fails.
     """
@@ -160,6 +163,7 @@ def start_samplers(
                 version_policy=version_policy,
                 extra_args=proxy_args,
                 log_path=log("proxy"),
+                port=proxy_port,
             )
         )
         started.pop_all()
@@ -176,11 +180,13 @@ def start_proxy(
     version_policy: str = "pinned",
     extra_args: Sequence[str] = (),
     log_path: str | os.PathLike[str] | None = None,
+    port: int | None = None,
 ) -> BackendProcess:
     """``nemogym_sdk.serve --backend vllm`` in front of ``vllm_url`` (one vLLM server, or a
     router over ``replicas``, each of which then gets every adapter): the token-exact splice
     and the adapter versions kept side by side; ``extra_args`` are more of its flags (the
-    output parsers: ``--reasoning-parser``, ``--tool-call-parser``)."""
+    output parsers: ``--reasoning-parser``, ``--tool-call-parser``); ``port``: its loopback
+    port, chosen beforehand (default a free one)."""
     args = ["--backend", "vllm", "--vllm-url", openai_url(vllm_url)]
     args += [a for url in replicas for a in ("--replica", openai_url(url))]
     args += ["--adapter-versions", str(adapter_versions), "--version-policy", version_policy]
@@ -191,6 +197,7 @@ def start_proxy(
         model=str(model_dir),
         extra_args=args,
         log_path=log_path,
+        port=port,
     )
 
 

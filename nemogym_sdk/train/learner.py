@@ -3,7 +3,7 @@
 - ``setup_processes``: one process, or a process group under ``torchrun`` (NCCL when the
   learner is on a GPU, gloo on a CPU; ``--nnodes`` for several machines);
 - ``build_policy``: the base model (``dtype``) with a fresh LoRA adapter, the same weights
-  on every rank;
+  on every rank (``build_model``), and its tokenizer (``load_tokenizer``);
 - ``prepare``: after version 0 is published, the policy sharded over the ranks (``fsdp``,
   FSDP2), Adam over its LoRA weights, and on ``--resume`` the checkpoint's optimizer state;
 - ``adapter_state``: what ``LoraSync`` saves, gathered in full first when the policy is
@@ -37,7 +37,16 @@ if TYPE_CHECKING:  # torch, peft and transformers load when a run builds its pol
     """The full adapter state of a sharded policy (rank 0), or None: ``LoraSync`` saves the
     model's own."""
 
-__all__ = ["Setup", "adam", "adapter_state", "build_policy", "prepare", "setup_processes"]
+__all__ = [
+    "Setup",
+    "adam",
+    "adapter_state",
+    "build_model",
+    "build_policy",
+    "load_tokenizer",
+    "prepare",
+    "setup_processes",
+]
 
 
 def setup_processes(device: str) -> tuple[int, int]:
@@ -56,24 +65,42 @@ def setup_processes(device: str) -> tuple[int, int]:
 
 
 def build_policy(config: TrainConfig, device: str = "cpu") -> tuple[PeftModel, Tokenizer]:
-    """(the base model with a fresh LoRA adapter, on ``device``, its tokenizer); the same
-    weights on every rank (built or loaded on the CPU in float32, then moved, in ``dtype``;
-    the LoRA weights stay float32)."""
+    """(the base model with a fresh LoRA adapter, on ``device``, its tokenizer): `build_model`
+    and `load_tokenizer`."""
+    return build_model(config, device), load_tokenizer(config)
+
+
+def load_tokenizer(config: TrainConfig) -> Tokenizer:
+    """The policy's tokenizer: the tiny model's, or the model directory's (quick: a run
+    checks its rows' lengths with it before it starts anything)."""
+    path = config.model_dir()
+    if path is None:
+        from nemogym_sdk.serve.tiny import build_tiny_tokenizer
+
+        return build_tiny_tokenizer()
+    from transformers import AutoTokenizer
+
+    tokenizer: Tokenizer = AutoTokenizer.from_pretrained(path)
+    return tokenizer
+
+
+def build_model(config: TrainConfig, device: str = "cpu") -> PeftModel:
+    """The base model with a fresh LoRA adapter, on ``device``; the same weights on every
+    rank (built or loaded on the CPU in float32, then moved, in ``dtype``; the LoRA weights
+    stay float32)."""
     import torch
     from peft import LoraConfig, PeftModel, get_peft_model
 
     base: Any
-    tokenizer: Tokenizer
     path = config.model_dir()
     if path is None:
-        from nemogym_sdk.serve.tiny import build_tiny_model, build_tiny_tokenizer
+        from nemogym_sdk.serve.tiny import build_tiny_model
 
-        base, tokenizer = build_tiny_model(config.seed), build_tiny_tokenizer()
+        base = build_tiny_model(config.seed)
     else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(path)
     torch.manual_seed(config.seed)  # peft draws LoRA's A from the global RNG: same on all ranks
     lora = LoraConfig(
         r=config.lora_rank,
@@ -86,7 +113,7 @@ def build_policy(config: TrainConfig, device: str = "cpu") -> tuple[PeftModel, T
         dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
         policy = get_peft_model(base.to(device=device, dtype=dtype), lora)
     assert isinstance(policy, PeftModel)  # no mixed-adapter model: one adapter, one type
-    return policy, tokenizer
+    return policy
 
 
 @attrs.frozen(kw_only=True)

@@ -16,14 +16,16 @@ Top to bottom:
                      before any server starts
     1. processes     one, or several under torchrun (NCCL on GPUs, gloo on CPUs); rank 0
                      owns the servers (nemogym_sdk.train.learner)
-    2. model         the base model + a LoRA adapter (peft), tokenizer, on ``device``; after
-                     version 0 is published, sharded with FSDP2 (``fsdp``) and its optimizer
+    2. model         the base model + a LoRA adapter (peft), tokenizer, on ``device``,
+                     built on a thread while the servers start; after version 0 is
+                     published, sharded with FSDP2 (``fsdp``) and its optimizer
     3. sampler       start the backend (transformers or vLLM, one or several replicas behind
                      vllm-router), or attach (nemogym_sdk.train.sampler); its /tokenize
                      must render a probe conversation as the learner's tokenizer does
                      (nemogym_sdk.samplers.probe)
-    4. environments  start NeMo Gym (GymStack, or NeMo Gym's own launcher), or attach to one
-                     or several deployments through their head servers
+    4. environments  start NeMo Gym (GymStack, or NeMo Gym's own launcher) beside the
+                     sampler, whose port is chosen beforehand, or attach to one or several
+                     deployments through their head servers
     5. checks        served name = adapter name, (async) the sampler keeps
                      max_staleness + 2 adapter versions
     6. loop          rollouts -> collate -> advantages -> train_step -> LoRA sync; the
@@ -46,15 +48,16 @@ started them).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import functools
 import logging
 import os
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
@@ -96,13 +99,15 @@ from nemogym_sdk.train.faults import (
 from nemogym_sdk.train.learner import (
     Setup,
     adapter_state,
+    build_model,
     build_policy,
+    load_tokenizer,
     prepare,
     setup_processes,
 )
 from nemogym_sdk.train.outputs import MetricsLog, finish, library_warnings, outputs, say
 from nemogym_sdk.train.play import RolloutSource, play
-from nemogym_sdk.train.sampler import finish_groups, sampler
+from nemogym_sdk.train.sampler import finish_groups, planned_url, sampler
 from nemogym_sdk.wire import RESPONSES_CREATE_PARAMS, input_messages
 
 if TYPE_CHECKING:  # the learner's types; torch and peft load only when a run starts
@@ -114,6 +119,8 @@ if TYPE_CHECKING:  # the learner's types; torch and peft load only when a run st
 __all__ = ["build_policy", "main", "run"]
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 HEAD_WAIT_S = 60.0
@@ -177,28 +184,69 @@ def environments(config: TrainConfig, base_url: str, out: Path) -> Iterator[list
 
 
 @contextlib.contextmanager
+def building(
+    config: TrainConfig, device: str, checkpoint: Path | None
+) -> Iterator[Callable[[], PeftModel]]:
+    """The policy (`build_model`, with ``checkpoint``'s adapter when the run resumes), built
+    on a thread of its own while the servers start: its imports and weights take seconds
+    that would otherwise come on top of the sampler's and NeMo Gym's start. Calling what
+    this yields waits for the model (and raises what building it raised)."""
+
+    def build() -> PeftModel:
+        model = build_model(config, device)
+        if checkpoint is not None:
+            load_adapter_checkpoint(model, checkpoint)
+        return model
+
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="nemogym-policy") as pool:
+        yield pool.submit(build).result
+
+
+@contextlib.contextmanager
+def meanwhile(context: contextlib.AbstractContextManager[T]) -> Iterator[Callable[[], T]]:
+    """Enter ``context`` on a thread of its own; calling what this yields waits for what it
+    gives (and raises what entering it raised). On the way out, whatever happened meanwhile,
+    the entry is waited for and ``context`` is left."""
+    entered = contextlib.ExitStack()
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="nemogym-start") as pool:
+        future = pool.submit(entered.enter_context, context)
+        try:
+            yield future.result
+        finally:
+            concurrent.futures.wait([future])
+            entered.close()
+
+
+@contextlib.contextmanager
 def servers(
     config: TrainConfig,
     out: Path,
     device: str,
-    model: PeftModel,
+    policy: Callable[[], PeftModel],
     tokenizer: Tokenizer,
     first_version: int = 0,
 ) -> Iterator[tuple[list[ServerDirectory], LoraSync | None, str | None]]:
     """Rank 0 starts the sampler, checks that it tokenizes as the learner does
     (`check_tokenization`), starts the environments and publishes the first adapter version
-    (``first_version``: the steps a resumed run's checkpoint holds, so the versions go on
-    where they were); every rank gets the deployments (the ``LoraSync`` only rank 0) and,
+    of ``policy()`` (the model, once `building` has it; ``first_version``: the steps a
+    resumed run's checkpoint holds, so the versions go on where they were); every rank gets
+    the deployments (the ``LoraSync`` only rank 0) and,
     when the trainer started the sampler (``nemogym_sdk.serve``), its URL, where episodes
     given up on are aborted."""
     with contextlib.ExitStack() as started:
         syncs: list[LoraSync] = []
 
         def start() -> tuple[list[ServerDirectory], str | None]:
-            base_url = started.enter_context(sampler(config, out, device))
+            base_url, port = planned_url(config)
+            if port is None:  # a sampler to attach to must answer before anything starts
+                base_url = started.enter_context(sampler(config, out, device))
+            # NeMo Gym starts while the sampler does (its URL is known beforehand)
+            gym = started.enter_context(meanwhile(environments(config, base_url, out)))
+            if port is not None:
+                base_url = started.enter_context(sampler(config, out, device, port))
             if not check_tokenization(base_url, tokenizer):
                 say(f"the sampler at {base_url} has no /tokenize: its tokenizer is not checked")
-            found = started.enter_context(environments(config, base_url, out))
+            found = gym()
             sync = started.enter_context(
                 LoraSync(
                     base_url,
@@ -208,7 +256,7 @@ def servers(
                 )
             )
             # before the first rollout; a resumed run's adapter is the checkpoint's
-            sync.initialize(model, require_zero=not config.resume, version=first_version)
+            sync.initialize(policy(), require_zero=not config.resume, version=first_version)
             check_versions_kept(sync, config)
             syncs.append(sync)
             return found, (base_url if config.backend_url is None else None)
@@ -414,16 +462,18 @@ def run(config: TrainConfig, *, signals: StopSignals | None = None) -> dict[str,
     rank, world = setup_processes(device)
     # what can be checked without a server is checked before any starts
     rows = load_rows(ranks.on_main(functools.partial(training_file, config)), seed=config.seed)
-    model, tokenizer = build_policy(config, device)
+    tokenizer = load_tokenizer(config)
     check_lengths(rows, tokenizer, config)
     setup = Setup.of(config, device, tokenizer)
     resumed_from = resume_point(out) if config.resume else None
-    start, curve = load_adapter_checkpoint(model, resumed_from) if resumed_from else (0, [])
-    resumed = load_state(resumed_from).get("engine", {}) if resumed_from else {}
+    state: dict[str, Any] = load_state(resumed_from) if resumed_from else {"step": 0, "curve": []}
+    start, curve = int(state["step"]), [float(v) for v in state["curve"]]
+    resumed = state.get("engine", {})
     done = Progress(out=out, steps=start, saved=start)
     leftover: dict[str, Any] = {}
     with (
-        servers(config, out, setup.device, model, tokenizer, start) as (deployments, sync, at),
+        building(config, setup.device, resumed_from) as policy,
+        servers(config, out, setup.device, policy, tokenizer, start) as (deployments, sync, at),
         AgentClient(
             deployments,
             sampling=setup.sampling,
@@ -436,6 +486,7 @@ def run(config: TrainConfig, *, signals: StopSignals | None = None) -> dict[str,
     ):
         if sync is not None:  # a sampler that stops answering stops the run
             closing.enter_context(SamplerWatch(openai_url(sync.base_url), signals))
+        model = policy()
         optimizer = prepare(model, config, resumed_from, world)  # sharded after version 0
         eos = int(tokenizer.eos_token_id)
         source = closing.enter_context(play(config, client, rows, start, eos, resumed, leftover))

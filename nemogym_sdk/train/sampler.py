@@ -26,18 +26,33 @@ import requests
 from nemogym_sdk._net.http import check, send
 from nemogym_sdk.errors import ConfigError, NemoGymError
 from nemogym_sdk.hosts import openai_url
+from nemogym_sdk.processes import LOOPBACK, free_loopback_ports
 from nemogym_sdk.train.config import TrainConfig
 from nemogym_sdk.train.outputs import say
 
-__all__ = ["finish_groups", "sampler"]
+__all__ = ["finish_groups", "planned_url", "sampler"]
 
 logger = logging.getLogger(__name__)
 
 
+def planned_url(config: TrainConfig) -> tuple[str, int | None]:
+    """The sampler's base URL before it starts, and the port to start its front server on
+    (the ``transformers`` sampler, or the proxy in front of vLLM or of the replicas): a free
+    loopback port, or none for the sampler the run attaches to. NeMo Gym can then start
+    while the sampler does."""
+    if config.backend_url is not None:
+        return openai_url(config.backend_url), None
+    (port,) = free_loopback_ports(1)
+    return f"http://{LOOPBACK}:{port}/v1", port
+
+
 @contextlib.contextmanager
-def sampler(config: TrainConfig, out: Path, device: str = "cpu") -> Iterator[str]:
+def sampler(
+    config: TrainConfig, out: Path, device: str = "cpu", port: int | None = None
+) -> Iterator[str]:
     """The sampler's base URL (``.../v1``): started for this run (the ``transformers`` one on
-    ``device``, the learner's), or the one to attach to."""
+    ``device``, the learner's; its front server on ``port``, `planned_url`'s), or the one to
+    attach to."""
     logs = out / "logs"
     if config.backend_url is not None:
         url = openai_url(config.backend_url)
@@ -55,7 +70,7 @@ def sampler(config: TrainConfig, out: Path, device: str = "cpu") -> Iterator[str
 
     model = config.model_dir()
     if config.replicas > 1 or config.router_url is not None:
-        yield from _replicated_sampler(config, out, model, device)
+        yield from _replicated_sampler(config, out, model, device, port)
         return
     if config.backend == "transformers":
         name = config.model_family or config.model
@@ -67,13 +82,16 @@ def sampler(config: TrainConfig, out: Path, device: str = "cpu") -> Iterator[str
             seed=config.seed,
             extra_args=["--device", device, *_version_args(config), *config.serve_args()],
             log_path=logs / "serve.log",
+            port=port,
         ) as served:
             yield served.base_url
         return
-    yield from _vllm_sampler(config, out, model, device)
+    yield from _vllm_sampler(config, out, model, device, port)
 
 
-def _vllm_sampler(config: TrainConfig, out: Path, model: str | None, device: str) -> Iterator[str]:
+def _vllm_sampler(
+    config: TrainConfig, out: Path, model: str | None, device: str, port: int | None
+) -> Iterator[str]:
     """Real vLLM, with ``nemogym_sdk.serve`` in front splicing token-exact multi-turn prompts."""
     from nemogym_sdk.samplers import start_proxy, start_vllm
     from nemogym_sdk.serve.tiny import save_tiny
@@ -103,13 +121,14 @@ def _vllm_sampler(config: TrainConfig, out: Path, model: str | None, device: str
             version_policy=config.version_policy,
             extra_args=config.serve_args(),
             log_path=logs / "serve.log",
+            port=port,
         ) as proxy,
     ):
         yield proxy.base_url
 
 
 def _replicated_sampler(
-    config: TrainConfig, out: Path, model: str | None, device: str
+    config: TrainConfig, out: Path, model: str | None, device: str, port: int | None
 ) -> Iterator[str]:
     """Several replicas behind ``vllm-router``, ``nemogym_sdk.serve`` in front of it: the
     ones started here (``replicas``), or running ones (``router_url`` + ``replica_urls``)."""
@@ -127,6 +146,7 @@ def _replicated_sampler(
             version_policy=config.version_policy,
             extra_args=config.serve_args(),
             log_path=logs / "serve.log",
+            port=port,
         ) as proxy:
             yield proxy.base_url
         return
@@ -148,6 +168,7 @@ def _replicated_sampler(
         replica_args=replica_args,
         proxy_args=config.serve_args(),
         log_dir=logs,
+        proxy_port=port,
     ) as fleet:
         yield fleet.base_url
 
