@@ -15,8 +15,8 @@ import pytest
 pytest.importorskip("torch")
 
 from nemogym_sdk.train.config import TrainConfig
-from nemogym_sdk.train.recipe import building, meanwhile
 from nemogym_sdk.train.sampler import planned_url
+from nemogym_sdk.train.startup import building, meanwhile
 
 
 class Door:

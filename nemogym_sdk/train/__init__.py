@@ -6,7 +6,8 @@ The recipe itself, read top to bottom, is :mod:`nemogym_sdk.train.recipe`; aroun
 
 - ``config``: ``TrainConfig``, read from a YAML file and flags (``parse_config``);
 - ``learner``: the processes (torchrun) and the model; ``sampler``: the backend it samples
-  from; ``play``: a step's rollouts, synchronous or from the ``RolloutEngine``;
+  from; ``startup``: the model and the servers started side by side; ``play``: a step's
+  rollouts, synchronous or from the ``RolloutEngine``;
 - ``outputs`` and ``trackers``: ``metrics.jsonl``, ``--report-to``, the summary and the
   curve; ``checkpoints``: atomic checkpoints and ``--resume``; ``faults``: signals, a lost
   sampler, failed writes.

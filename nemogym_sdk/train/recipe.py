@@ -48,7 +48,6 @@ started them).
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import functools
 import logging
@@ -57,7 +56,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -81,7 +80,6 @@ from nemogym_sdk.metrics import RolloutStats
 from nemogym_sdk.samplers.probe import check_tokenization
 from nemogym_sdk.train.checkpoints import (
     latest,
-    load_adapter_checkpoint,
     load_state,
     resume_point,
     save_checkpoint,
@@ -99,7 +97,6 @@ from nemogym_sdk.train.faults import (
 from nemogym_sdk.train.learner import (
     Setup,
     adapter_state,
-    build_model,
     build_policy,
     load_tokenizer,
     prepare,
@@ -108,6 +105,7 @@ from nemogym_sdk.train.learner import (
 from nemogym_sdk.train.outputs import MetricsLog, finish, library_warnings, outputs, say
 from nemogym_sdk.train.play import RolloutSource, play
 from nemogym_sdk.train.sampler import finish_groups, planned_url, sampler
+from nemogym_sdk.train.startup import building, meanwhile
 from nemogym_sdk.wire import RESPONSES_CREATE_PARAMS, input_messages
 
 if TYPE_CHECKING:  # the learner's types; torch and peft load only when a run starts
@@ -119,8 +117,6 @@ if TYPE_CHECKING:  # the learner's types; torch and peft load only when a run st
 __all__ = ["build_policy", "main", "run"]
 
 logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 
 HEAD_WAIT_S = 60.0
@@ -181,40 +177,6 @@ def environments(config: TrainConfig, base_url: str, out: Path) -> Iterator[list
     with started:
         check_served_name(started.directory, config.adapter_name, backend_url=base_url)
         yield [started.directory]
-
-
-@contextlib.contextmanager
-def building(
-    config: TrainConfig, device: str, checkpoint: Path | None
-) -> Iterator[Callable[[], PeftModel]]:
-    """The policy (`build_model`, with ``checkpoint``'s adapter when the run resumes), built
-    on a thread of its own while the servers start: its imports and weights take seconds
-    that would otherwise come on top of the sampler's and NeMo Gym's start. Calling what
-    this yields waits for the model (and raises what building it raised)."""
-
-    def build() -> PeftModel:
-        model = build_model(config, device)
-        if checkpoint is not None:
-            load_adapter_checkpoint(model, checkpoint)
-        return model
-
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="nemogym-policy") as pool:
-        yield pool.submit(build).result
-
-
-@contextlib.contextmanager
-def meanwhile(context: contextlib.AbstractContextManager[T]) -> Iterator[Callable[[], T]]:
-    """Enter ``context`` on a thread of its own; calling what this yields waits for what it
-    gives (and raises what entering it raised). On the way out, whatever happened meanwhile,
-    the entry is waited for and ``context`` is left."""
-    entered = contextlib.ExitStack()
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="nemogym-start") as pool:
-        future = pool.submit(entered.enter_context, context)
-        try:
-            yield future.result
-        finally:
-            concurrent.futures.wait([future])
-            entered.close()
 
 
 @contextlib.contextmanager
