@@ -89,9 +89,9 @@ def test_the_trainer_seeds_the_samplers_it_starts_and_those_it_is_told_to() -> N
     """``nemogym-train`` seeds rollouts when it starts the ``transformers`` sampler (or its
     replicas), or when ``seeded_rollouts`` says the sampler attached to takes seeds; not
     for vLLM on CPU (a per-request seed in a batch crashes vLLM 0.32 there)."""
-    assert TrainConfig(seed=3).rollout_seed == 3
+    assert TrainConfig(seed=3).rollouts_seed == 3
     assert TrainConfig(seed=3, replicas=2).engine_options().seed == 3
-    assert TrainConfig(backend="vllm").rollout_seed is None
-    assert TrainConfig(backend_url="http://127.0.0.1:9").rollout_seed is None
+    assert TrainConfig(backend="vllm").rollouts_seed is None
+    assert TrainConfig(backend_url="http://127.0.0.1:9").rollouts_seed is None
     attached = TrainConfig(backend_url="http://127.0.0.1:9", seeded_rollouts=True, seed=4)
-    assert attached.rollout_seed == 4
+    assert attached.rollouts_seed == 4

@@ -386,7 +386,7 @@ class TrainConfig:
             max_inflight=self.max_inflight,
             episode_timeout=self.episode_timeout,
             cut_stragglers=self.cut_stragglers,
-            seed=self.rollout_seed,
+            seed=self.rollouts_seed,
             parse=ParseOptions(
                 on_drift=DriftPolicy.FORK if self.history == "template" else DriftPolicy.MARK,
                 max_completion_length=self.max_completion_length,
@@ -394,9 +394,9 @@ class TrainConfig:
         )
 
     @property
-    def rollout_seed(self) -> int | None:
-        """What each rollout's sampling seed is made from (``seeded_rollouts``): ``seed``, or
-        None (the sampler's own draws)."""
+    def rollouts_seed(self) -> int | None:
+        """The seed the rollouts' sampling seeds are made from (``seeded_rollouts``,
+        ``data.rollout_seed``): ``seed``, or None (the sampler's own draws)."""
         started = self.backend_url is None and self.router_url is None
         seeded = self.seeded_rollouts or (started and self.backend == "transformers")
         return self.seed if seeded else None

@@ -132,8 +132,8 @@ def _sync_steps(
 
 
 def _seed(config: TrainConfig, group: int, index: int) -> int | None:
-    """Rollout ``index`` of group ``group``'s sampling seed, or None (``rollout_seed``)."""
-    seed = config.rollout_seed
+    """Rollout ``index`` of group ``group``'s sampling seed, or None (``rollouts_seed``)."""
+    seed = config.rollouts_seed
     return None if seed is None else rollout_seed(seed, group, index)
 
 

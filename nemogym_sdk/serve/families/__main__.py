@@ -56,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"nemogym_sdk.serve.families: {exc}", file=sys.stderr)
         return 2
-    # teaching waits on nothing: a waiting torch thread must not spin on a shared core
+    # the cores are shared (make test builds the venvs meanwhile): waiting torch threads sleep
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     print(f"family models in {cache_root()}", flush=True)
     for family in chosen:
