@@ -21,7 +21,7 @@ from nemogym_sdk.errors import ConfigError, RowError
 from nemogym_sdk.records import RolloutRequest, TaskRow
 from nemogym_sdk.wire import RESPONSES_CREATE_PARAMS, create_params
 
-__all__ = ["expand_groups", "load_rows", "read_rows", "rollout_seed"]
+__all__ = ["expand_groups", "load_rows", "mixed_seed", "read_rows", "rollout_seed"]
 
 StrPath = str | PathLike[str]
 
@@ -98,7 +98,13 @@ def expand_groups(rows: Iterable[TaskRow], num_generations: int) -> list[Rollout
 
 def rollout_seed(seed: int, group: int, index: int) -> int:
     """The sampling seed of rollout ``index`` of group ``group`` in a run seeded ``seed``
-    (``RolloutRequest.seed``): a 63-bit hash of the three, the same wherever it is
-    computed, so a group played again draws its tokens again."""
-    digest = hashlib.blake2b(f"{seed}:{group}:{index}".encode(), digest_size=8).digest()
+    (``RolloutRequest.seed``): `mixed_seed` of the three, the same wherever it is computed,
+    so a group played again draws its tokens again."""
+    return mixed_seed(seed, group, index)
+
+
+def mixed_seed(*parts: int) -> int:
+    """A 63-bit seed hashed from ``parts`` (as the samplers' own draws are 63 bits): the same
+    parts give the same seed in any process, and any change of one gives another."""
+    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 1

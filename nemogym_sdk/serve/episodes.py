@@ -23,11 +23,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import hashlib
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
+from nemogym_sdk.data import mixed_seed
 from nemogym_sdk.serve.errors import ServeError
 
 __all__ = ["EpisodeAbandonedError", "Episodes", "turn_seed"]
@@ -43,8 +43,7 @@ def turn_seed(seed: int | None, episode: str | None, prompt_length: int) -> int 
     turn's), and a turn played again with the same prompt draws the same tokens."""
     if seed is None or episode is None:
         return seed
-    digest = hashlib.blake2b(f"{seed}:{prompt_length}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> 1  # 63 bits, as the server's own draws
+    return mixed_seed(seed, prompt_length)
 
 
 class EpisodeAbandonedError(ServeError):
