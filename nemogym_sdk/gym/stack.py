@@ -15,9 +15,10 @@ interpreter. Servers run with ``PYTHONDONTWRITEBYTECODE=1``, so neither the venv
 SDK's package directory is ever written to. A server whose directory lists requirements
 beyond nemo-gym (``requirements.txt``, e.g. ``math-verify`` for ``math_with_judge``) runs
 with the interpreter of a venv of its own, built with uv on first use and cached (see
-:mod:`nemogym_sdk.gym.server_envs`). Head-server mode adds NeMo Gym's own ``HeadServer``
-in a small process of its own (see :mod:`nemogym_sdk.gym.head_main`), so clients can
-discover the servers through ``GET /server_instances`` and ``GET /global_config_dict_yaml``.
+:mod:`nemogym_sdk.gym.server_envs`), and keeps its compiled bytecode inside that venv.
+Head-server mode adds NeMo Gym's own ``HeadServer`` in a small process of its own (see
+:mod:`nemogym_sdk.gym.head_main`), so clients can discover the servers through
+``GET /server_instances`` and ``GET /global_config_dict_yaml``.
 
 Example::
 

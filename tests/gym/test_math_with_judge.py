@@ -26,6 +26,7 @@ from nemogym_sdk import (
     VerifyItem,
 )
 from nemogym_sdk.gym import GymStack, ServerStartError
+from nemogym_sdk.gym.builder import PYCACHE_DIR
 from nemogym_sdk.gym.server_envs import STAMP_NAME
 
 from .stacks import StackFactory
@@ -100,12 +101,17 @@ def test_math_verify_scores_boxed_answers(stack: GymStack) -> None:
 def test_second_start_reuses_the_cached_venv(
     stack: GymStack, stack_factory: StackFactory, cache: Path
 ) -> None:
-    """A new stack with the same cache installs nothing: same venv, stamp untouched."""
+    """A new stack with the same cache installs nothing: same venv, stamp untouched. The
+    first start left its bytecode under the venv (not beside any source), for this one."""
     first = stack.server_environments[SERVER]
     assert first.root is not None
     stamp = first.root / STAMP_NAME
     mtime = stamp.stat().st_mtime_ns
     stack.stop()
+    compiled = first.root / PYCACHE_DIR
+    assert list(compiled.glob("**/math_verify/__pycache__/*.pyc")) == []
+    assert list(compiled.glob("**/math_verify/*.pyc")), "math_verify's bytecode was not kept"
+    assert not list(first.root.glob("lib/*/site-packages/math_verify/__pycache__"))
     with stack_factory([ENVIRONMENT], requirements_cache=cache) as again:
         second = again.server_environments[SERVER]
         assert second.reused and second.python == first.python
