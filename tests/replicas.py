@@ -13,23 +13,22 @@ from tests.fakes import FakeServer
 class RefusingReplica:
     """Forwards every request to a real replica (``target``), except adapter loads it is
     told to refuse, as a replica out of adapter memory or with an unreadable path would:
-    all of them while ``refuse`` is set, or the next ``refuse_next`` loads of a path that
-    ends with ``refuse_suffix``."""
+    all of them while ``refuse`` is set, or, for each ``suffix: n`` of ``refusals``, the
+    next ``n`` loads of a path that ends with ``suffix``."""
 
     def __init__(self, target: str) -> None:
         self.target = target.removesuffix("/v1")
         self.refuse = False
-        self.refuse_suffix: str | None = None
-        self.refuse_next = 0
+        self.refusals: dict[str, int] = {}
         self.refused = 0
 
     def _refuses(self, body: bytes) -> bool:
         if self.refuse:
             return True
-        if self.refuse_suffix and self.refuse_next > 0:
-            path = str(json.loads(body or b"{}").get("lora_path", ""))
-            if path.endswith(self.refuse_suffix):
-                self.refuse_next -= 1
+        path = str(json.loads(body or b"{}").get("lora_path", ""))
+        for suffix, left in self.refusals.items():
+            if left > 0 and path.endswith(suffix):
+                self.refusals[suffix] = left - 1
                 return True
         return False
 

@@ -15,8 +15,8 @@ The cluster, started once for this module:
 While it trains 6 steps (4 groups of 4), replica 1 is frozen (SIGSTOP) after step 1 and
 thawed after step 2, then killed after step 3, and deployment A is stopped after step 4.
 Each test below checks one thing the run must show. (That a sharded step's gradient equals
-one process's is ``tests/adapters/test_torch_fsdp.py``; the adapter a replica refuses is
-the last test here, on a cluster of its own.)
+one process's is ``tests/adapters/test_torch_fsdp.py``; the adapters a replica refuses are
+the last two tests here, which audit one more run, on replicas of its own.)
 """
 
 from __future__ import annotations
@@ -259,64 +259,76 @@ def test_a_deployment_that_disappears_costs_typed_failures_and_the_other_goes_on
     assert requests.get(f"{cluster['b'].head_url}/readyz", timeout=5).status_code == 200
 
 
-def _refusing_run(
-    tmp_path: Path, model_dir: Path, retries: int
-) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]], list[str], Any]:
-    """nemogym-train attached to two replicas behind a router, the second refusing version 3
-    of the adapter twice; (the finished process, its metrics, the replicas' URLs, the wrapper)."""
+REFUSALS = {"v000003": 1, "v000004": 2}
+"""The second replica refuses version 3 once (``--sync-retries 1`` publishes it again) and
+version 4 twice (the retry is refused too: the run stops)."""
+
+
+@pytest.fixture(scope="module")
+def refusing_run(
+    cluster: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    """nemogym-train attached to two replicas behind a router, the second refusing adapter
+    loads as ``REFUSALS`` says: the process, its metrics, what each replica serves after, the
+    refusals counted and the router's log."""
     from nemogym_sdk.gym import start_router, start_serve
     from tests.fakes import serve
     from tests.replicas import RefusingReplica
 
+    tmp_path = tmp_path_factory.mktemp("refusing")
+    model_dir = cluster["model_dir"]
     with (
         start_serve(model=str(model_dir), seed=0, log_path=tmp_path / "r0.log") as first,
         start_serve(model=str(model_dir), seed=1, log_path=tmp_path / "r1.log") as second,
     ):
         refusing = RefusingReplica(second.base_url)
-        refusing.refuse_suffix, refusing.refuse_next = "v000003", 2
+        refusing.refusals = dict(REFUSALS)
         with serve(refusing.routes) as wrapped:
             replicas = [first.base_url, f"{wrapped.url}/v1"]
             with start_router(replicas, log_path=tmp_path / "router.log") as router:
-                argv = [sys.executable, "-m", "nemogym_sdk.train", "--steps", "4"]
+                argv = [sys.executable, "-m", "nemogym_sdk.train", "--steps", "5"]
                 argv += ["--rows-per-step", "2", "--num-generations", str(GENERATIONS)]
                 argv += ["--out", str(tmp_path / "run")]
                 argv += ["--router-url", router.base_url, "--replica-urls", ",".join(replicas)]
-                argv += ["--sync-retries", str(retries)]
+                argv += ["--sync-retries", "1"]
                 done = subprocess.run(
                     argv, cwd=REPO, env=trainer_env(), capture_output=True, text=True, timeout=600
                 )
-                states = [slots(url) for url in replicas]
-    return done, metrics(tmp_path / "run"), [str(s.get("policy")) for s in states], refusing
+                served = [str(slots(url).get("policy")) for url in replicas]
+    return {
+        "done": done,
+        "steps": metrics(tmp_path / "run"),
+        "served": served,
+        "refused": refusing.refused,
+        "router_log": (tmp_path / "router.log").read_text(),
+    }
+
+
+def test_a_refused_adapter_is_published_again_when_retries_are_configured(
+    refusing_run: dict[str, Any],
+) -> None:
+    """With ``--sync-retries 1`` version 3's one refusal costs one retry: steps 0 to 2 run
+    and publish versions 1 to 3. After each step the router forgets the step's groups: its
+    table never holds more than the step's two."""
+    steps = refusing_run["steps"]
+    assert [s["adapter_version"] for s in steps] == [1, 2, 3], refusing_run["done"].stderr[-3000:]
+    log = refusing_run["router_log"]
+    trained = [row for s in steps for _, row in s["trained_groups"]]
+    assert re.findall(r"SLL: finished session '([^']+)'", log)[: len(trained)] == trained
+    held = re.findall(r"SLL: new session .* \(active sessions on replica: (\d+)\)", log)
+    assert len(held) >= len(trained) and max(map(int, held)) <= 2, held
 
 
 def test_a_refused_adapter_stops_the_run_on_the_last_good_version(
-    cluster: dict[str, Any], tmp_path: Path
+    refusing_run: dict[str, Any],
 ) -> None:
-    """The second replica refuses version 3: the run stops after step 2 with a one-line error
-    naming that replica, and both replicas still serve version 2."""
-    done, steps, served, refusing = _refusing_run(tmp_path, cluster["model_dir"], retries=0)
+    """Version 4 is refused again when tried again: the run stops after step 2 with a
+    one-line error naming that replica, and both replicas still serve version 3."""
+    done = refusing_run["done"]
     assert done.returncode == 1, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("nemogym-train: LoraSyncError:") and "refused it" in last, last
     assert "test fault" in last and "Every replica keeps what it served before" in last
-    assert [s["step"] for s in steps] == [0, 1]  # step 2 learned, its publish was refused
-    assert all(path.endswith("v000002") for path in served), served
-    assert refusing.refused == 1
-
-
-def test_a_refused_adapter_is_published_again_when_retries_are_configured(
-    cluster: dict[str, Any], tmp_path: Path
-) -> None:
-    """With ``--sync-retries 2`` the same two refusals cost two retries: every step runs and
-    both replicas end on version 4. After each step the router forgets the step's groups:
-    its table never holds more than the step's two."""
-    done, steps, served, refusing = _refusing_run(tmp_path, cluster["model_dir"], retries=2)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert [s["adapter_version"] for s in steps] == [1, 2, 3, 4]
-    assert all(path.endswith("v000004") for path in served), served
-    assert refusing.refused == 2
-    log = (tmp_path / "router.log").read_text()
-    trained = [row for s in steps for _, row in s["trained_groups"]]
-    assert re.findall(r"SLL: finished session '([^']+)'", log) == trained
-    held = re.findall(r"SLL: new session .* \(active sessions on replica: (\d+)\)", log)
-    assert len(held) == len(trained) and max(map(int, held)) <= 2, held
+    assert [s["step"] for s in refusing_run["steps"]] == [0, 1, 2]  # step 3's publish refused
+    assert all(path.endswith("v000003") for path in refusing_run["served"]), refusing_run
+    assert refusing_run["refused"] == sum(REFUSALS.values())
