@@ -63,6 +63,9 @@ class RolloutStats:
     """Groups with fewer than two ``OK`` episodes: no baseline, advantages 0."""
     zero_spread_groups: int
     """Groups whose ``OK`` rewards are all equal: advantages 0."""
+    partial_groups: int = 0
+    """Groups with at least one episode that is not ``OK`` (trained with fewer than all
+    their episodes)."""
     staleness: Mapping[str, int] = attrs.field(factory=dict, converter=_counts)
     """Policy tokens of ``OK`` samples per staleness (``str(versions behind)``: how many
     adapter versions the learner had moved on from the one that generated the token);
@@ -114,6 +117,7 @@ class RolloutStats:
             groups=int(group_stats.num_groups),
             degenerate_groups=int(group_stats.degenerate_groups),
             zero_spread_groups=int(group_stats.zero_spread_groups),
+            partial_groups=int(group_stats.partial_groups),
             staleness=staleness,
             unversioned_tokens=unversioned,
         )
@@ -157,9 +161,9 @@ class RolloutStats:
         ``rollouts``, ``ok``, ``ok_fraction``, ``failures`` (episodes per failed status, a
         dict), ``reward_mean``, ``reward_std``, ``turns_mean``, ``samples``,
         ``policy_tokens``, ``env_tokens``, ``truncated``, ``groups``,
-        ``degenerate_groups``, ``zero_spread_groups``, ``staleness`` (policy tokens per
-        versions behind, a dict), ``staleness_mean``, ``staleness_max`` (0 without versioned
-        tokens), ``unversioned_tokens``.
+        ``degenerate_groups``, ``zero_spread_groups``, ``partial_groups``, ``staleness``
+        (policy tokens per versions behind, a dict), ``staleness_mean``, ``staleness_max``
+        (0 without versioned tokens), ``unversioned_tokens``.
         """
         behind = {int(k): v for k, v in self.staleness.items()}
         versioned = sum(behind.values())
@@ -182,6 +186,7 @@ class RolloutStats:
             "groups": self.groups,
             "degenerate_groups": self.degenerate_groups,
             "zero_spread_groups": self.zero_spread_groups,
+            "partial_groups": self.partial_groups,
             "staleness": dict(sorted(self.staleness.items(), key=lambda kv: int(kv[0]))),
             "staleness_mean": (
                 sum(k * v for k, v in behind.items()) / versioned if versioned else 0.0

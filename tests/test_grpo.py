@@ -378,6 +378,7 @@ def test_stats_and_metrics() -> None:
     assert (stats.num_rows, stats.num_episodes, stats.num_groups) == (7, 7, 3)
     assert (stats.degenerate_groups, stats.zero_spread_groups) == (1, 1)
     assert stats.ok_episodes == 6 and stats.informative_groups == 1
+    assert stats.partial_groups == 1  # a lost one episode; c's one episode is OK
 
     metrics = RolloutStats.of(batch, advantages).as_metrics()
     assert (metrics["ok"], metrics["failures"]) == (6, {"timeout": 1})
@@ -389,6 +390,7 @@ def test_stats_and_metrics() -> None:
         1,
         1,
     )
+    assert metrics["partial_groups"] == 1
 
 
 def test_results_are_read_only_and_the_batch_is_untouched() -> None:

@@ -52,6 +52,7 @@ def test_one_batch() -> None:
         1,
         1,
     )
+    assert metrics["partial_groups"] == 2  # a and c each lost an episode
 
 
 def test_no_ok_rollout_reports_nan_rewards() -> None:

@@ -128,6 +128,7 @@ def _episode_rewards(
 def _stats(
     batch: Batch, episodes: _Episodes, ok_count_G: IntArray, zero_spread_G: BoolArray
 ) -> AdvantageStats:
+    episodes_G = np.bincount(episodes.group_of_episode, minlength=episodes.num_groups)
     return AdvantageStats(
         num_rows=len(batch),
         num_episodes=int(episodes.first_row.shape[0]),
@@ -135,6 +136,7 @@ def _stats(
         num_groups=episodes.num_groups,
         degenerate_groups=int(np.count_nonzero(ok_count_G < 2)),
         zero_spread_groups=int(np.count_nonzero(zero_spread_G)),
+        partial_groups=int(np.count_nonzero(ok_count_G < episodes_G)),
     )
 
 

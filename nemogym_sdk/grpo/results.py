@@ -79,6 +79,9 @@ class AdvantageStats:
     zero_spread_groups: int
     """Groups with at least two ``OK`` episodes whose rewards are all equal (under
     ``gdpo``: whose every weighted component is constant): all their advantages are 0."""
+    partial_groups: int = 0
+    """Groups with at least one episode that is not ``OK``: they teach from fewer than all
+    their episodes (degenerate ones included)."""
 
     @property
     def informative_groups(self) -> int:
