@@ -213,6 +213,7 @@ SURFACE: dict[str, set[str]] = {
         "ABORT_EPISODE_ROUTE",
         "AGENTS",
         "AGENT_REF",
+        "CARD_MAX_NUM_SEQS_FIELD",
         "CARD_VERSIONS_FIELD",
         "CARD_VERSIONS_KEPT_FIELD",
         "CONFIG_PATH",

@@ -134,6 +134,18 @@ def test_a_template_history_starts_the_sampler_so_and_forks_drifted_episodes() -
         parse_config(["--history", "x"])
 
 
+def test_async_starts_no_more_episodes_than_the_sampler_decodes_at_once() -> None:
+    """Without --max-inflight, the engine's in-flight cap is what the pacing allows, no more
+    than the sampler's capacity, and never below one group; --max-inflight wins."""
+    config = parse_config(["--mode", "async", "--rows-per-step", "4", "--num-generations", "8"])
+    assert config.engine_options().inflight == 2 * 4 * 8  # K=1: two steps of groups
+    assert config.engine_options(capacity=16).inflight == 16
+    assert config.engine_options(capacity=3).inflight == 8  # one whole group at least
+    assert config.engine_options(capacity=1000).inflight == 64
+    chosen = parse_config(["--mode", "async", "--max-inflight", "24"])
+    assert chosen.engine_options(capacity=16).inflight == 24
+
+
 def test_the_deprecated_train_config_module_is_an_alias() -> None:
     """``nemogym_sdk.train_config`` (kept for one release) re-exports the settings' names."""
     import nemogym_sdk.train.config

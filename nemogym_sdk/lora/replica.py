@@ -27,7 +27,7 @@ from nemogym_sdk.lora.probe import (
     read_models,
     request,
 )
-from nemogym_sdk.wire import CARD_VERSIONS_KEPT_FIELD, LOAD_VERSION_FIELD
+from nemogym_sdk.wire import CARD_MAX_NUM_SEQS_FIELD, CARD_VERSIONS_KEPT_FIELD, LOAD_VERSION_FIELD
 
 __all__ = ["AdapterServer", "Published", "root_of"]
 
@@ -98,6 +98,13 @@ class AdapterServer:
         card = next((c for c in self.cards() if c.get("id") == self.adapter_name), None)
         kept = None if card is None else card.get(CARD_VERSIONS_KEPT_FIELD)
         return kept if isinstance(kept, int) and not isinstance(kept, bool) else None
+
+    def decode_capacity(self) -> int | None:
+        """How many generations it decodes at once, from its base model's card (None: it
+        does not say)."""
+        card = next((c for c in self.cards() if not c.get("parent")), None)
+        capacity = None if card is None else card.get(CARD_MAX_NUM_SEQS_FIELD)
+        return capacity if isinstance(capacity, int) and not isinstance(capacity, bool) else None
 
     def _post(self, route: str, body: dict[str, Any]) -> requests.Response:
         return request(

@@ -293,6 +293,13 @@ class LoraSync:
         kept = [server.versions_kept() for server in self._servers]
         return None if None in kept else min(k for k in kept if k is not None)
 
+    def decode_capacity(self) -> int | None:
+        """How many generations the sampler decodes at once, from its ``/v1/models`` card
+        (``nemogym_sdk.serve``'s ``max_num_seqs``; in front of replicas, their sum); None
+        when it does not say (vLLM alone). With several servers published to, their sum."""
+        capacities = [server.decode_capacity() for server in self._servers]
+        return None if None in capacities else sum(c for c in capacities if c is not None)
+
     def require_versions_kept(self, count: int) -> None:
         """Raise ``ConfigError`` unless the server keeps ``count`` versions of the adapter
         side by side and reports the version of every answer (what asynchronous training

@@ -55,6 +55,7 @@ from nemogym_sdk.serve.tools import example_arguments, format_tool_call, tool_fu
 from nemogym_sdk.serve.versions import ServedVersion, ServedVersions, version_cards
 from nemogym_sdk.serve.vllm_backend import VllmBackend
 from nemogym_sdk.wire import (
+    CARD_MAX_NUM_SEQS_FIELD,
     LOAD_VERSION_FIELD,
     ROUTED_EXPERTS,
     affinity_key,
@@ -172,6 +173,9 @@ class ServeEngine:
                 max_model_len=self.backend.max_model_len,
             )
         ]
+        max_batch = getattr(self.backend, "max_batch", None)  # the transformers backend's
+        if isinstance(max_batch, int):
+            cards[0][CARD_MAX_NUM_SEQS_FIELD] = max_batch
         for name, path in self.local.adapters.items():
             cards.append(
                 model_card(name, root=path, parent=self.served_model_name, max_model_len=None)

@@ -42,7 +42,7 @@ from nemogym_sdk.serve.errors import (
 from nemogym_sdk.serve.versions import version_cards
 from nemogym_sdk.serve.vllm_backend import VllmBackend
 from nemogym_sdk.serve.vllm_completions import error_message as vllm_error
-from nemogym_sdk.wire import ABORT_EPISODE_ROUTE, ROUTER_FINISH_SESSION
+from nemogym_sdk.wire import ABORT_EPISODE_ROUTE, CARD_MAX_NUM_SEQS_FIELD, ROUTER_FINISH_SESSION
 
 __all__ = ["LogprobsModeMismatchError", "add_proxy_routes"]
 
@@ -86,6 +86,9 @@ def add_proxy_routes(app: web.Application, engine: ServeEngine, proxy: VllmBacke
         for card in listing.get("data") or []:
             if card.get("id") == theirs and not card.get("parent"):
                 card["id"] = ours
+                capacity = card.get(CARD_MAX_NUM_SEQS_FIELD)
+                if isinstance(capacity, int) and proxy.replicas:  # one replica's: all of them
+                    card[CARD_MAX_NUM_SEQS_FIELD] = capacity * len(proxy.replicas)
             if card.get("parent") == theirs:
                 card["parent"] = ours
         listing["data"] = version_cards(

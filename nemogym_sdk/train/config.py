@@ -188,7 +188,8 @@ class TrainConfig:
     versions loaded."""
     max_inflight: int | None = None
     """``async``: episodes playing at once (default: all the pacing allows,
-    ``(max_staleness + 1) * rows_per_step * num_generations``)."""
+    ``(max_staleness + 1) * rows_per_step * num_generations``, but no more than the sampler
+    says it decodes at once, and at least one group)."""
     episode_timeout: float | None = None
     """Seconds an episode may play before it ends as a ``TIMEOUT`` failure, so a stuck one
     cannot hold a step (both modes; unset, its requests time out at 600 s)."""
@@ -376,14 +377,17 @@ class TrainConfig:
             importance_sampling=self.importance_sampling, is_cap=self.is_cap, is_floor=self.is_floor
         )
 
-    def engine_options(self) -> EngineOptions:
+    def engine_options(self, capacity: int | None = None) -> EngineOptions:
         """How the rollout engine plays this run's groups (``--mode async``; the sync mode
-        reads only its ``parse``)."""
+        reads only its ``parse``). ``capacity``: how many generations the sampler decodes at
+        once (`LoraSync.decode_capacity`); without ``max_inflight`` the engine then starts
+        no more episodes than that (at least one group's), so an episode's deadline
+        measures the episode rather than a queue at the sampler."""
         return EngineOptions(
             num_generations=self.num_generations,
             groups_per_step=self.rows_per_step,
             max_staleness=self.max_staleness,
-            max_inflight=self.max_inflight,
+            max_inflight=self.inflight(capacity),
             episode_timeout=self.episode_timeout,
             cut_stragglers=self.cut_stragglers,
             seed=self.rollouts_seed,
@@ -392,6 +396,14 @@ class TrainConfig:
                 max_completion_length=self.max_completion_length,
             ),
         )
+
+    def inflight(self, capacity: int | None) -> int | None:
+        """``max_inflight``, or, unset, all the pacing allows capped at the sampler's
+        ``capacity`` (never below one group; None: no cap)."""
+        if self.max_inflight is not None or capacity is None:
+            return self.max_inflight
+        paced = (self.max_staleness + 1) * self.rows_per_step * self.num_generations
+        return max(self.num_generations, min(paced, capacity))
 
     @property
     def rollouts_seed(self) -> int | None:

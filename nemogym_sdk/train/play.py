@@ -7,6 +7,7 @@
   ``--episode-timeout``; every published version lets more groups start. A checkpoint
   records the groups started but not yet trained, and ``--resume`` plays them first
   (re-queued); at the end of a run the episodes still playing are cancelled and counted.
+  Under torchrun rank 0 plays and every rank trains its share of each step's groups.
 
 Both number groups the same way (group ``n`` plays ``rows[n % len(rows)]``; step ``s`` of the
 synchronous schedule plays groups ``s * rows_per_step`` onwards), and both hand the learner
@@ -138,6 +139,10 @@ def _seed(config: TrainConfig, group: int, index: int) -> int | None:
 
 
 class _Async:
+    """Rank 0 owns the engine: it plays, paces and hears every publish. Each step it hands
+    out is broadcast to every rank, which trains its share of the groups (the ones at
+    positions ``rank, rank + world, ...`` of the step's training order, as in sync mode)."""
+
     def __init__(
         self,
         client: AgentClient,
@@ -146,13 +151,24 @@ class _Async:
         start: int,
         eos: int,
         resumed: Mapping[str, Any],
+        capacity: int | None = None,
     ) -> None:
         self._config, self._start = config, start
+        self.engine: RolloutEngine | None = None
+        if ranks.rank() != 0:
+            return
         requeue = resumed.get("requeue", ())
+        options = config.engine_options(capacity)
+        if config.max_inflight is None and options.max_inflight is not None:
+            logger.info(
+                "async: at most %s episodes in flight: the sampler decodes %s at once",
+                options.max_inflight,
+                capacity,
+            )
         self.engine = RolloutEngine(
             client,
             rows,
-            config.engine_options(),
+            options,
             eos_token_id=eos,
             requeue=requeue,
             next_index=int(resumed.get("next_index", start * config.rows_per_step)),
@@ -160,20 +176,35 @@ class _Async:
         if requeue:
             logger.info("resumed: playing the %d group(s) the checkpoint left first", len(requeue))
 
+    def _next_step(
+        self,
+    ) -> tuple[list[tuple[Rollout, ...]], float, dict[str, float], list[tuple[int, str]]]:
+        """Rank 0: the engine's next step, as plain records every rank can receive."""
+        assert self.engine is not None  # rank 0 only (ranks.on_main)
+        step = self.engine.next_step()
+        groups = [(group.index, group.row.row_id) for group in step.groups]
+        return [group.rollouts for group in step.groups], step.waited_s, step.metrics(), groups
+
     def steps(self) -> Iterator[Played]:
+        rank, world = ranks.rank(), ranks.world_size()
         for _ in range(self._start, self._config.steps):
-            step = self.engine.next_step()
-            groups = [(group.index, group.row.row_id) for group in step.groups]
-            yield Played(step.rollouts(), step.waited_s, step.metrics(), groups)
+            members, waited, metrics, groups = ranks.on_main(self._next_step)
+            mine = [rollout for group in members[rank::world] for rollout in group]
+            yield Played(mine, waited, metrics, groups)
 
     def published(self, version: int | None) -> None:
-        self.engine.publish(version)
+        if self.engine is not None:
+            self.engine.publish(version)
 
     def state(self) -> dict[str, Any]:
+        if self.engine is None:  # only rank 0 writes checkpoints
+            return {}
         requeue, next_index = self.engine.pending()
         return {"requeue": list(requeue), "next_index": next_index}
 
     def close(self) -> dict[str, Any]:
+        if self.engine is None:
+            return {}
         left = self.engine.close()
         return {
             "untrained_groups": list(left.requeue),
@@ -192,11 +223,14 @@ def play(
     eos: int,
     resumed: Mapping[str, Any],
     leftover: dict[str, Any],
+    capacity: int | None = None,
 ) -> Iterator[RolloutSource]:
     """The rollout side of a run in ``config.mode``; ``leftover`` receives what it left
-    untrained when the run ends (async mode: groups in flight, cancelled and counted)."""
+    untrained when the run ends (async mode: groups in flight, cancelled and counted);
+    ``capacity``: how many generations the sampler decodes at once (async mode starts no
+    more episodes, `TrainConfig.inflight`)."""
     source: _Sync | _Async = (
-        _Async(client, rows, config, start, eos, resumed)
+        _Async(client, rows, config, start, eos, resumed, capacity)
         if config.mode == "async"
         else _Sync(client, rows, config, start, eos)
     )

@@ -187,18 +187,18 @@ def servers(
     policy: Callable[[], PeftModel],
     tokenizer: Tokenizer,
     first_version: int = 0,
-) -> Iterator[tuple[list[ServerDirectory], LoraSync | None, str | None]]:
+) -> Iterator[tuple[list[ServerDirectory], LoraSync | None, str | None, int | None]]:
     """Rank 0 starts the sampler, checks that it tokenizes as the learner does
     (`check_tokenization`), starts the environments and publishes the first adapter version
     of ``policy()`` (the model, once `building` has it; ``first_version``: the steps a
     resumed run's checkpoint holds, so the versions go on where they were); every rank gets
-    the deployments (the ``LoraSync`` only rank 0) and,
+    the deployments (the ``LoraSync`` only rank 0),
     when the trainer started the sampler (``nemogym_sdk.serve``), its URL, where episodes
-    given up on are aborted."""
+    given up on are aborted, and (async mode) how many generations it decodes at once."""
     with contextlib.ExitStack() as started:
         syncs: list[LoraSync] = []
 
-        def start() -> tuple[list[ServerDirectory], str | None]:
+        def start() -> tuple[list[ServerDirectory], str | None, int | None]:
             base_url, port = planned_url(config)
             if port is None:  # a sampler to attach to must answer before anything starts
                 base_url = started.enter_context(sampler(config, out, device))
@@ -221,10 +221,11 @@ def servers(
             sync.initialize(policy(), require_zero=not config.resume, version=first_version)
             check_versions_kept(sync, config)
             syncs.append(sync)
-            return found, (base_url if config.backend_url is None else None)
+            capacity = sync.decode_capacity() if config.mode == "async" else None
+            return found, (base_url if config.backend_url is None else None), capacity
 
-        deployments, sampler_url = ranks.on_main(start)
-        yield deployments, (syncs[0] if syncs else None), sampler_url
+        deployments, sampler_url, capacity = ranks.on_main(start)
+        yield deployments, (syncs[0] if syncs else None), sampler_url, capacity
 
 
 # --- 5. checks ----------------------------------------------------------------------------
@@ -411,11 +412,6 @@ def run(config: TrainConfig, *, signals: StopSignals | None = None) -> dict[str,
     (entered: ``main`` does), SIGINT and SIGTERM stop the run at a step boundary."""
     signals = signals or StopSignals()  # not entered: installs no handler
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if config.mode == "async" and world > 1:
-        raise ConfigError(
-            "--mode async runs one learner process for now (the engine plays for rank 0); "
-            "use --mode sync under torchrun"
-        )
     if config.rows_per_step % world:
         raise ConfigError(f"rows_per_step={config.rows_per_step} must divide among {world} ranks")
     out = Path(config.out)
@@ -435,7 +431,12 @@ def run(config: TrainConfig, *, signals: StopSignals | None = None) -> dict[str,
     leftover: dict[str, Any] = {}
     with (
         building(config, setup.device, resumed_from) as policy,
-        servers(config, out, setup.device, policy, tokenizer, start) as (deployments, sync, at),
+        servers(config, out, setup.device, policy, tokenizer, start) as (
+            deployments,
+            sync,
+            at,
+            capacity,
+        ),
         AgentClient(
             deployments,
             sampling=setup.sampling,
@@ -451,7 +452,9 @@ def run(config: TrainConfig, *, signals: StopSignals | None = None) -> dict[str,
         model = policy()
         optimizer = prepare(model, config, resumed_from, world)  # sharded after version 0
         eos = int(tokenizer.eos_token_id)
-        source = closing.enter_context(play(config, client, rows, start, eos, resumed, leftover))
+        source = closing.enter_context(
+            play(config, client, rows, start, eos, resumed, leftover, capacity)
+        )
         try:
             train_steps(
                 source, model, optimizer, sync, deployments, setup, log, curve, done, signals

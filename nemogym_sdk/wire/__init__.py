@@ -106,6 +106,7 @@ from nemogym_sdk.wire.run import (
     finite_reward,
 )
 from nemogym_sdk.wire.versions import (
+    CARD_MAX_NUM_SEQS_FIELD,
     CARD_VERSIONS_FIELD,
     CARD_VERSIONS_KEPT_FIELD,
     LOAD_VERSION_FIELD,
@@ -118,6 +119,7 @@ __all__ = [
     "ABORT_EPISODE_ROUTE",
     "AGENTS",
     "AGENT_REF",
+    "CARD_MAX_NUM_SEQS_FIELD",
     "CARD_VERSIONS_FIELD",
     "CARD_VERSIONS_KEPT_FIELD",
     "CONFIG_PATH",

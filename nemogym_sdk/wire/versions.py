@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "CARD_MAX_NUM_SEQS_FIELD",
     "CARD_VERSIONS_FIELD",
     "CARD_VERSIONS_KEPT_FIELD",
     "LOAD_VERSION_FIELD",
@@ -42,6 +43,11 @@ loaded now, oldest first."""
 
 CARD_VERSIONS_KEPT_FIELD = "policy_versions_kept"
 """On the same card: how many versions the server keeps loaded side by side."""
+
+CARD_MAX_NUM_SEQS_FIELD = "max_num_seqs"
+"""On the base model's ``GET /v1/models`` card of ``nemogym_sdk.serve``: how many
+generations it decodes at once (its ``--max-num-seqs``); in front of replicas, their sum.
+Absent where the server does not say (vLLM's cards do not)."""
 
 
 def policy_version_envelope(version: int) -> str:

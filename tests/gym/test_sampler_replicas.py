@@ -20,6 +20,7 @@ import requests
 
 from nemogym_sdk import LoraSyncError
 from nemogym_sdk.lora import LoraSync
+from nemogym_sdk.serve.backend import DEFAULT_MAX_BATCH
 from nemogym_sdk.wire import CARD_VERSIONS_FIELD
 from tests.fakes import serve
 from tests.lora_models import perturb, tiny_lora
@@ -88,7 +89,8 @@ def ask(url: str, key: str, content: str = "hi") -> requests.Response:
 def test_every_replica_serves_each_published_version(fleet: Any, tmp_path: Path) -> None:
     """``LoraSync`` publishes to the proxy as to one sampler; every replica loads each version
     into its slot, the oldest beyond the kept three are unloaded everywhere, and the proxy's
-    card says which versions all of them serve."""
+    card says which versions all of them serve, and how many generations they decode at
+    once together."""
     model = tiny_lora()
     sync = LoraSync(fleet.base_url, "policy", tmp_path, keep=KEPT)
     sync.initialize(model)
@@ -105,6 +107,8 @@ def test_every_replica_serves_each_published_version(fleet: Any, tmp_path: Path)
             int(s.split("@v")[1]) for s in expected
         )
     assert sync.served_version() == 4
+    # what the engine may start at once: both replicas' batches (proxy's card)
+    assert sync.decode_capacity() == len(fleet.replica_urls) * DEFAULT_MAX_BATCH
 
 
 @pytest.mark.gym

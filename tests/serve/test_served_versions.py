@@ -12,6 +12,7 @@ import pytest
 import requests
 
 from nemogym_sdk.lora import LoraSync
+from nemogym_sdk.serve.backend import DEFAULT_MAX_BATCH
 from nemogym_sdk.wire import (
     CARD_VERSIONS_FIELD,
     CARD_VERSIONS_KEPT_FIELD,
@@ -84,6 +85,8 @@ def test_pinned_episodes_finish_on_the_version_they_started_on(
     card = policy_card(versions_server)
     assert card[CARD_VERSIONS_FIELD] == [0, 1, 2] and card[CARD_VERSIONS_KEPT_FIELD] == 3
     assert card["root"] == sync.history[-1].path
+    # the base model's card says how many generations the server decodes at once
+    assert sync.decode_capacity() == DEFAULT_MAX_BATCH
 
     # later turns: the version the episode started on, whatever is newest
     for started in (0, 1, 2):
