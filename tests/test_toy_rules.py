@@ -200,7 +200,8 @@ def test_reward_varies_within_groups_under_a_random_policy() -> None:
 
 def test_latency_is_heavy_tailed_capped_and_stalls_as_asked() -> None:
     """A row's ``latency``: Pareto delays from ``scale_s`` up to ``cap_s``, stalls with
-    probability ``stall_p``; rows without one answer at once; bad fields are refused."""
+    probability ``stall_p``, broken episodes with probability ``error_p``; rows without one answer
+    at once; bad fields are refused."""
     import random
 
     row = {"seed": 0, "latency": {"scale_s": 0.01, "alpha": 1.2, "cap_s": 1.0, "stall_p": 0.1}}
@@ -212,6 +213,10 @@ def test_latency_is_heavy_tailed_capped_and_stalls_as_asked() -> None:
     assert min(ordinary) >= 0.01 and max(ordinary) == 1.0  # the cap is reached: a heavy tail
     assert sorted(ordinary)[len(ordinary) // 2] < 0.02  # while the median stays near scale_s
     assert rules.Task.from_row({"seed": 0}).latency is None
-    for bad in ({"scale_s": -1}, {"speed": 1}, {"alpha": 0}, "fast"):
+    assert not any(latency.breaks(random.Random(i)) for i in range(200))  # error_p 0: never
+    flaky = rules.Task.from_row({"seed": 0, "latency": {"error_p": 0.25}}).latency
+    assert flaky is not None
+    assert 0.15 < sum(flaky.breaks(random.Random(i)) for i in range(2000)) / 2000 < 0.35
+    for bad in ({"scale_s": -1}, {"speed": 1}, {"alpha": 0}, {"error_p": 2}, "fast"):
         with pytest.raises(ValueError, match="latency"):
             rules.Task.from_row({"seed": 0, "latency": bad})

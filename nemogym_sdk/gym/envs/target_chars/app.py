@@ -43,7 +43,8 @@ class TargetCharsEnv(GymnasiumServer):
             task = rules.Task.from_row(metadata)
         except ValueError as exc:
             raise HTTPException(status_code=422, detail=f"{rules.NAME}: {exc}") from exc
-        self.session_state[session_id] = rules.GameState(task=task)
+        broken = task.latency is not None and task.latency.breaks(_RNG)
+        self.session_state[session_id] = rules.GameState(task=task, broken=broken)
         return task.observation(1), {"round": 1, "num_rounds": task.num_rounds}
 
     async def step(
@@ -55,8 +56,11 @@ class TargetCharsEnv(GymnasiumServer):
                 status_code=409,
                 detail=f"{rules.NAME}: no episode for this session; POST /reset first",
             )
-        if episode.task.latency is not None:  # a slow tool: heavy-tailed, sometimes stalled
-            await asyncio.sleep(episode.task.latency.delay(_RNG))
+        latency = episode.task.latency
+        if latency is not None:  # a slow tool: heavy-tailed, sometimes stalled or failing
+            await asyncio.sleep(latency.delay(_RNG))
+        if episode.broken:  # a tool broken for this episode (latency.error_p)
+            raise HTTPException(status_code=500, detail=f"{rules.NAME}: the tool is broken")
         result = episode.step(extract_text(action))
         return result.observation, result.reward, result.terminated, False, result.info
 

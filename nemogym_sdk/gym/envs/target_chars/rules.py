@@ -18,7 +18,8 @@ sums step rewards) is the mean round reward, in [0, 1]. Copying the shown word s
 An optional row field ``latency`` makes the environment slow, as tools and sandboxes are:
 before answering each step it waits ``min(cap_s, scale_s * Pareto(alpha))`` seconds, and with
 probability ``stall_p`` it stalls for ``stall_s`` instead (heavy-tailed episode lengths, for
-the asynchronous trainer's tests and benchmark)::
+the asynchronous trainer's tests and benchmark); with probability ``error_p`` an episode's
+tool is broken: every step of it answers HTTP 500 after its delay, so its ``/run`` fails::
 
     {"latency": {"scale_s": 0.05, "alpha": 1.2, "cap_s": 4.0, "stall_p": 0.01, "stall_s": 60}}
 
@@ -120,6 +121,8 @@ class Latency:
     """Probability that a step stalls instead."""
     stall_s: float = 60.0
     """How long a stall lasts."""
+    error_p: float = 0.0
+    """Probability that an episode's tool is broken: each of its steps fails (HTTP 500)."""
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Latency | None:
@@ -138,8 +141,8 @@ class Latency:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"latency.{name} must be a number >= 0, got {value!r}")
         latency = cls(**{k: float(v) for k, v in values.items()})
-        if latency.alpha <= 0 or latency.stall_p > 1:
-            raise ValueError("latency needs alpha > 0 and stall_p <= 1")
+        if latency.alpha <= 0 or latency.stall_p > 1 or latency.error_p > 1:
+            raise ValueError("latency needs alpha > 0, stall_p <= 1 and error_p <= 1")
         return latency
 
     def delay(self, rng: random.Random) -> float:
@@ -147,6 +150,10 @@ class Latency:
         if self.stall_p and rng.random() < self.stall_p:
             return self.stall_s
         return min(self.cap_s, self.scale_s * rng.paretovariate(self.alpha))
+
+    def breaks(self, rng: random.Random) -> bool:
+        """Whether a new episode's tool is broken (``error_p``)."""
+        return bool(self.error_p) and rng.random() < self.error_p
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,6 +214,8 @@ class GameState:
 
     task: Task
     round_rewards: list[float] = dataclasses.field(default_factory=list)
+    broken: bool = False
+    """The episode's tool fails every step (``Latency.error_p``)."""
 
     @property
     def round_number(self) -> int:
