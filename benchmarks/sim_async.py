@@ -13,8 +13,9 @@ thousands of episodes in flight cost no CPU. What it models:
   until the episode deadline. A group's episodes go to one replica (prefix affinity),
   groups to the least loaded replica.
 - **Learner.** A fixed time per step (``--learner-s``), then the new version is published.
-- **Pacing.** The real engine's rules (`nemogym_sdk.rollout_engine.pacing.may_start` and
-  `is_due`): the same code decides which group may start and which a step must include.
+- **Pacing.** The real engine's rules (`nemogym_sdk.rollout_engine.pacing.may_start`,
+  `is_due` and `keeps_bound`): the same code decides which group may start, which a step
+  must include, and when it waits for an older group.
 
     .venv/bin/python benchmarks/sim_async.py --replicas 8 16 32 64
 """
@@ -30,7 +31,7 @@ import statistics
 from collections import Counter
 from typing import Any
 
-from nemogym_sdk.rollout_engine.pacing import is_due, may_start
+from nemogym_sdk.rollout_engine.pacing import is_due, keeps_bound, may_start
 
 MEASURED = [(1, 220.0), (8, 1490.0), (32, 3400.0)]
 """(concurrent requests, aggregate tokens/s) of vLLM on CPU with a LoRA adapter."""
@@ -190,8 +191,14 @@ class Sim:
         if all(i in self.finished for i in due) and len(self.finished) >= self.groups_per_step:
             order = sorted(
                 self.finished, key=lambda i: (i not in due, self.finished[i]["started_on"], i)
-            )
-            for i in order[: self.groups_per_step]:
+            )[: self.groups_per_step]
+            taken = [self.finished[i]["started_on"] for i in order]
+            playing = len(self.open) > len(self.finished)
+            if playing and not keeps_bound(
+                taken, list(self.open.values()), self.steps, self.k, self.groups_per_step
+            ):
+                return  # the engine waits for an older group here
+            for i in order:
                 self.ages[self.steps - self.finished.pop(i)["started_on"]] += 1
                 del self.open[i]
             self.rollouts += self.groups_per_step * self.args.num_generations

@@ -524,6 +524,7 @@ SURFACE: dict[str, set[str]] = {
         "Leftover",
         "RolloutEngine",
         "is_due",
+        "keeps_bound",
         "may_start",
     },
     "nemogym_sdk.samplers": {

@@ -26,6 +26,7 @@ from nemogym_sdk import (
     Timeouts,
     UsageError,
 )
+from nemogym_sdk.rollout_engine.pacing import keeps_bound
 from nemogym_sdk.testing.fake_agent import serve_routes
 from nemogym_sdk.wire import policy_version_envelope
 
@@ -186,6 +187,42 @@ def test_heavy_tails_and_stalls_keep_staleness_bounded_and_lose_nothing(serve: A
     started = set(handed) | set(leftover.requeue)
     assert started == set(range(leftover.next_index))  # every group started is accounted for
     assert max(ahead) > 0  # episodes of later steps were playing while the learner learned
+
+
+def test_a_step_does_not_take_a_fresher_group_that_would_leave_a_later_one_overdue(
+    serve: Any,
+) -> None:
+    """K = 2, one group per step: groups 0 and 1 (version 0) play for a second, the others
+    a moment. Step 0 takes group 2; at step 1 only group 3 (version 1) is finished, and
+    taking it would leave groups 0 and 1 both due at step 2, which takes one: the other
+    would be trained 3 versions late. So step 1 waits for group 0, and no group is ever
+    trained more than K versions after it started."""
+    slow, fast = [1.0], [0.01]
+    agent = Agent({"t0": slow, "t1": slow, "t2": fast, "t3": fast, "t4": fast, "t5": fast})
+    client = serve(agent)
+    taken: list[tuple[int, int, int]] = []
+    with client:
+        options = EngineOptions(num_generations=1, groups_per_step=1, max_staleness=2)
+        with RolloutEngine(client, rows(6), options, eos_token_id=EOS) as engine:
+            for step in range(5):
+                played = engine.next_step(timeout=10)
+                taken += [(step, g.index, g.started_on) for g in played.groups]
+                agent.version = step + 1
+                engine.publish(step + 1)
+    assert taken[:2] == [(0, 2, 0), (1, 0, 0)], taken  # step 1 waited for group 0
+    assert all(step - started <= 2 for step, _, started in taken), taken
+    assert sorted(index for _, index, _ in taken) == [0, 1, 2, 3, 4]
+
+
+def test_keeps_bound_counts_what_later_steps_can_take() -> None:
+    """The rule itself: versions of the untrained groups against the slots of later steps."""
+    # K=2, one group a step, at step 1: two version-0 groups still untrained besides the one
+    # taken; taking a version-1 group leaves both due at step 2
+    assert not keeps_bound([1], [0, 0, 1], step=1, max_staleness=2, groups_per_step=1)
+    assert keeps_bound([0], [0, 0, 1], step=1, max_staleness=2, groups_per_step=1)
+    # two groups a step have room for both at step 2
+    assert keeps_bound([1, 1], [0, 0, 1, 1], step=1, max_staleness=2, groups_per_step=2)
+    assert keeps_bound([], [], step=0, max_staleness=2, groups_per_step=1)
 
 
 def test_groups_with_failures_are_handed_out_whole(serve: Any) -> None:

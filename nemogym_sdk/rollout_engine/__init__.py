@@ -3,7 +3,8 @@
 - ``engine``: ``RolloutEngine`` itself (on the client's event loop; the module doc says how
   pacing bounds staleness), loaded on first use (it brings the network client);
 - ``options``: ``EngineOptions``, how it plays, one frozen record validated once;
-- ``pacing``: the rules it paces by (``may_start``, ``is_due``), pure functions;
+- ``pacing``: the rules it paces by (``may_start``, ``is_due``, ``keeps_bound``), pure
+  functions;
 - ``groups``: what it hands out (``Group``, ``EngineStep``, ``Leftover``) and its errors
   (``EngineStalledError``, ``EngineClosedError``), pure records.
 
@@ -23,7 +24,7 @@ from nemogym_sdk.rollout_engine.groups import (
     Leftover,
 )
 from nemogym_sdk.rollout_engine.options import EngineOptions
-from nemogym_sdk.rollout_engine.pacing import is_due, may_start
+from nemogym_sdk.rollout_engine.pacing import is_due, keeps_bound, may_start
 
 if TYPE_CHECKING:
     from nemogym_sdk.rollout_engine.engine import RolloutEngine
@@ -46,5 +47,6 @@ __all__ = [
     "Leftover",
     "RolloutEngine",
     "is_due",
+    "keeps_bound",
     "may_start",
 ]

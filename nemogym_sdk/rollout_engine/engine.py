@@ -18,9 +18,11 @@ do). With ``p`` versions published since the engine started, a new group may sta
 while fewer than ``(p + max_staleness + 1) * groups_per_step`` have started; and step
 ``s`` (0-based) must include every group that started at ``p <= s - max_staleness``,
 waiting for it if it is still playing. Together (each step taking ``groups_per_step``
-groups, the overdue ones first, then the oldest finished) no group is trained more than
-``max_staleness`` versions after the version it started on, whatever order episodes finish
-in; ``max_staleness = 0`` is exactly the synchronous schedule. The bound assumes one
+groups, the overdue ones first, then the oldest finished, and waiting instead when taking a
+fresher finished group would leave a later step more due groups than it can take,
+``pacing.keeps_bound``) no group is trained more than ``max_staleness`` versions after the
+version it started on, whatever order episodes finish in; ``max_staleness = 0`` is exactly
+the synchronous schedule. The bound assumes one
 ``publish`` per step; the learner's exact staleness comes from the rollouts' own versions
 (``Batch.staleness``).
 
@@ -60,7 +62,7 @@ from nemogym_sdk.rollout_engine.groups import (
     Occupancy,
 )
 from nemogym_sdk.rollout_engine.options import EngineOptions
-from nemogym_sdk.rollout_engine.pacing import is_due, may_start, take_order
+from nemogym_sdk.rollout_engine.pacing import is_due, keeps_bound, may_start, take_order
 from nemogym_sdk.turns import stamp
 
 __all__ = ["RolloutEngine"]
@@ -294,10 +296,15 @@ class RolloutEngine:
     def _ready(self) -> bool:
         due = self._due()
         self._cut_stragglers(due)
-        return (
-            all(i in self._finished for i in due)
-            and len(self._finished) >= self.options.groups_per_step
-        )
+        size = self.options.groups_per_step
+        if not all(i in self._finished for i in due) or len(self._finished) < size:
+            return False
+        if not self._playing:  # nothing older to wait for
+            return True
+        taken = take_order(self._finished.values(), set(due))[:size]
+        untrained = [*self._playing.values(), *(g.started_on for g in self._finished.values())]
+        started = [g.started_on for g in taken]
+        return keeps_bound(started, untrained, self._steps, self.options.max_staleness, size)
 
     def _stalled(self) -> bool:
         return not self._playing and not self._closing and not self._may_start()
