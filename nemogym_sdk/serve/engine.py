@@ -164,18 +164,11 @@ class ServeEngine:
         return self.versions.resolve(request.model, request.messages)
 
     def list_models(self) -> dict[str, Any]:
-        """Return the ``GET /v1/models`` body: the base model, then each adapter."""
-        cards = [
-            model_card(
-                self.served_model_name,
-                root=self.backend.name_or_path,
-                parent=None,
-                max_model_len=self.backend.max_model_len,
-            )
-        ]
-        max_batch = getattr(self.backend, "max_batch", None)  # the transformers backend's
-        if isinstance(max_batch, int):
-            cards[0][CARD_MAX_NUM_SEQS_FIELD] = max_batch
+        """Return the ``GET /v1/models`` body: the base model (with how many generations it
+        decodes at once), then each adapter."""
+        root, length = self.backend.name_or_path, self.backend.max_model_len
+        cards = [model_card(self.served_model_name, root=root, parent=None, max_model_len=length)]
+        cards[0][CARD_MAX_NUM_SEQS_FIELD] = getattr(self.backend, "max_batch", None)
         for name, path in self.local.adapters.items():
             cards.append(
                 model_card(name, root=path, parent=self.served_model_name, max_model_len=None)

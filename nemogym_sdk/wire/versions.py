@@ -47,7 +47,7 @@ CARD_VERSIONS_KEPT_FIELD = "policy_versions_kept"
 CARD_MAX_NUM_SEQS_FIELD = "max_num_seqs"
 """On the base model's ``GET /v1/models`` card of ``nemogym_sdk.serve``: how many
 generations it decodes at once (its ``--max-num-seqs``); in front of replicas, their sum.
-Absent where the server does not say (vLLM's cards do not)."""
+Absent or null where the server does not say (vLLM's cards do not)."""
 
 
 def policy_version_envelope(version: int) -> str:
