@@ -22,9 +22,8 @@ groups, the overdue ones first, then the oldest finished, and waiting instead wh
 fresher finished group would leave a later step more due groups than it can take,
 ``pacing.keeps_bound``) no group is trained more than ``max_staleness`` versions after the
 version it started on, whatever order episodes finish in; ``max_staleness = 0`` is exactly
-the synchronous schedule. The bound assumes one
-``publish`` per step; the learner's exact staleness comes from the rollouts' own versions
-(``Batch.staleness``).
+the synchronous schedule. The bound assumes one ``publish`` per step; the learner's exact
+staleness comes from the rollouts' own versions (``Batch.staleness``).
 
 **A stuck episode cannot hold the learner:** each episode has a deadline
 (``episode_timeout``) and ends there as a ``TIMEOUT`` failure. Failed episodes stay in their

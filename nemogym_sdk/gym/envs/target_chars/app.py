@@ -57,7 +57,7 @@ class TargetCharsEnv(GymnasiumServer):
                 detail=f"{rules.NAME}: no episode for this session; POST /reset first",
             )
         latency = episode.task.latency
-        if latency is not None:  # a slow tool: heavy-tailed, sometimes stalled or failing
+        if latency is not None:  # a slow tool: heavy-tailed, sometimes stalled
             await asyncio.sleep(latency.delay(_RNG))
         if episode.broken:  # a tool broken for this episode (latency.error_p)
             raise HTTPException(status_code=500, detail=f"{rules.NAME}: the tool is broken")
