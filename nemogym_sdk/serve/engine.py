@@ -168,7 +168,7 @@ class ServeEngine:
         decodes at once), then each adapter."""
         root, length = self.backend.name_or_path, self.backend.max_model_len
         cards = [model_card(self.served_model_name, root=root, parent=None, max_model_len=length)]
-        cards[0][CARD_MAX_NUM_SEQS_FIELD] = getattr(self.backend, "max_batch", None)
+        cards[0][CARD_MAX_NUM_SEQS_FIELD] = self.local.max_batch
         for name, path in self.local.adapters.items():
             cards.append(
                 model_card(name, root=path, parent=self.served_model_name, max_model_len=None)

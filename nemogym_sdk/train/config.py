@@ -383,11 +383,11 @@ class TrainConfig:
         once (`LoraSync.decode_capacity`); without ``max_inflight`` the engine then starts
         no more episodes than that (at least one group's), so an episode's deadline
         measures the episode rather than a queue at the sampler."""
-        return EngineOptions(
+        options = EngineOptions(
             num_generations=self.num_generations,
             groups_per_step=self.rows_per_step,
             max_staleness=self.max_staleness,
-            max_inflight=self.inflight(capacity),
+            max_inflight=self.max_inflight,
             episode_timeout=self.episode_timeout,
             cut_stragglers=self.cut_stragglers,
             seed=self.rollouts_seed,
@@ -396,14 +396,11 @@ class TrainConfig:
                 max_completion_length=self.max_completion_length,
             ),
         )
-
-    def inflight(self, capacity: int | None) -> int | None:
-        """``max_inflight``, or, unset, all the pacing allows capped at the sampler's
-        ``capacity`` (never below one group; None: no cap)."""
         if self.max_inflight is not None or capacity is None:
-            return self.max_inflight
-        paced = (self.max_staleness + 1) * self.rows_per_step * self.num_generations
-        return max(self.num_generations, min(paced, capacity))
+            return options
+        # all the pacing allows (``options.inflight``), capped, and never below one group
+        capped = max(self.num_generations, min(options.inflight, capacity))
+        return attrs.evolve(options, max_inflight=capped)
 
     @property
     def rollouts_seed(self) -> int | None:

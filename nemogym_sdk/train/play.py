@@ -228,7 +228,7 @@ def play(
     """The rollout side of a run in ``config.mode``; ``leftover`` receives what it left
     untrained when the run ends (async mode: groups in flight, cancelled and counted);
     ``capacity``: how many generations the sampler decodes at once (async mode starts no
-    more episodes, `TrainConfig.inflight`)."""
+    more episodes, `TrainConfig.engine_options`)."""
     source: _Sync | _Async = (
         _Async(client, rows, config, start, eos, resumed, capacity)
         if config.mode == "async"
