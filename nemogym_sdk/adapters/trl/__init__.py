@@ -27,6 +27,9 @@ What a TRL user adds::
   rollout; `make_verify_reward`: ``/verify`` scores for single-turn training.
 - `LoraSyncCallback` (from `nemogym_sdk.lora.callback`): publishes the adapter to the
   sampler before training and after each optimizer step.
+- `NemoGymFeed`: TRL's asynchronous ``AsyncGRPOTrainer`` (``trl.experimental.async_grpo``)
+  instead: its ``rollout_worker`` and ``weight_transfer``, whole groups from a
+  ``RolloutEngine`` and each version published through ``LoraSync``.
 
 Needs ``trl>=1.6,<2`` (checked on import): ``pip install 'nemogym-sdk[trl]'``.
 """
@@ -44,6 +47,7 @@ from nemogym_sdk.adapters.trl._compat import (
 
 import_trl()
 
+from nemogym_sdk.adapters.trl.async_feed import NemoGymFeed  # noqa: E402
 from nemogym_sdk.adapters.trl.dataset import ROW_ID_KEY, make_dataset, prompt_row_id  # noqa: E402
 from nemogym_sdk.adapters.trl.rewards import (  # noqa: E402
     TRLVerifyReward,
@@ -62,6 +66,7 @@ __all__ = [
     "LoraSyncCallback",
     "MAX_TRL_EXCLUSIVE",
     "MIN_TRL",
+    "NemoGymFeed",
     "NemoGymRolloutFunc",
     "ROW_ID_KEY",
     "TESTED_TRL",
