@@ -6,9 +6,10 @@ The trainer is TRL 1.16's, built on the tiny model with a peft LoRA, and runs it
 begin (the cold sync, the worker's start), its own data loader (staleness filter, batcher,
 tree-packing collator) and its own weight sync. Two things of it need CUDA and are not run on
 this machine: ``get_peak_flops_per_device`` (a telemetry query in its constructor, replaced
-here by a constant) and the loss, whose tree attention is a FlashAttention-3 kernel
-(``benchmarks/gpu_check.sh`` trains it on a GPU). The episodes are real: the session's toy
-deployment (``nemogym_sdk.serve`` and ``target_chars`` behind NeMo Gym's head server).
+here by a constant) and the loss, whose tree attention is a FlashAttention-3 kernel that
+TRL fetches from the Hugging Face Hub (``kernels``): it has not run in this project. The
+episodes are real: the session's toy deployment (``nemogym_sdk.serve`` and ``target_chars``
+behind NeMo Gym's head server).
 """
 
 from __future__ import annotations
