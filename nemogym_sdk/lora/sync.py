@@ -95,7 +95,8 @@ class LoraSync:
         directory: where versions are written, as ``<directory>/<adapter_name>/v000001``.
             The server reads adapters from there: same host, or a filesystem shared at
             the same path. Checked for writing here.
-        keep: how many of the newest versions to keep on disk (at least 1).
+        keep: how many of the newest versions to keep on disk (at least 1; more when the
+            server says it keeps more loaded side by side, ``versions_kept``).
         timeout: seconds per request (loading a large adapter takes a while).
         session: a ``requests.Session`` to use (not closed by ``close``).
         api_key: bearer token, when the server was started with ``--api-key``.
@@ -153,6 +154,7 @@ class LoraSync:
             for url in self.base_urls
         ]
         self._history: list[SyncRecord] = []
+        self._server_keeps: int | None = None  # versions the server keeps loaded, if it says
         self._lock = threading.Lock()
 
     # --- state ----------------------------------------------------------------------------
@@ -367,6 +369,8 @@ class LoraSync:
             saved = time.perf_counter()
             inplace, load_s = self._load_everywhere(final, version)
             loaded = time.perf_counter()
+            if not self._history:
+                self._server_keeps = self._read_versions_kept()
             self._prune(keep_also=final)
             record = SyncRecord(
                 version=version,
@@ -412,9 +416,18 @@ class LoraSync:
             done.append(server)
         return inplace, load_s
 
+    def _read_versions_kept(self) -> int | None:
+        try:
+            return self.versions_kept()
+        except NemoGymError:  # the files are kept as configured; nothing else depends on it
+            return None
+
     def _prune(self, *, keep_also: Path) -> None:
-        """Delete version directories except the newest ``keep`` confirmed ones."""
-        recent = self._history[-(self.keep - 1) :] if self.keep > 1 else []
+        """Delete version directories except the newest ``keep`` confirmed ones, or as many
+        as the server keeps loaded, if more: a replica that comes back (``nemogym_sdk.serve``
+        in front of replicas) loads every version still served, from these files."""
+        keep = max(self.keep, self._server_keeps or 0)
+        recent = self._history[-(keep - 1) :] if keep > 1 else []
         self._store.prune({keep_also, *(Path(r.path) for r in recent)})
 
 

@@ -3,6 +3,7 @@ says so (real HTTP on loopback, the tiny model, real LoRA weights through ``Lora
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -218,3 +219,25 @@ def test_require_versions_kept_names_the_flag_that_fixes_it(tmp_path: Path) -> N
     finally:
         one.stop()
         three.stop()
+
+
+def test_lora_sync_keeps_on_disk_every_version_the_server_keeps_loaded(tmp_path: Path) -> None:
+    """A server keeping 3 versions side by side: ``LoraSync(keep=1)`` keeps the files of
+    the 3 newest (a replica that comes back loads every version still served from them);
+    a server keeping 1 lets it keep 1."""
+    from nemogym_sdk.serve.versions import ServedVersions
+
+    three = make_server("scripted", tool_turns=0, versions=ServedVersions(3, "pinned"))
+    one = make_server("scripted", tool_turns=0)
+    try:
+        model = tiny_lora()
+        for server, name, kept in ((three, "three", 3), (one, "one", 1)):
+            sync = LoraSync(server.base_url, "policy", tmp_path / name, keep=1)
+            sync.initialize(model)
+            for _ in range(4):
+                sync.sync(model)
+            on_disk = sorted(os.listdir(tmp_path / name / "policy"))
+            assert on_disk == [f"v{v:06d}" for v in range(5 - kept, 5)], (name, on_disk)
+    finally:
+        three.stop()
+        one.stop()
