@@ -14,9 +14,12 @@ The cluster, started once for this module:
 
 While it trains 6 steps (4 groups of 4), replica 1 is frozen (SIGSTOP) after step 1 and
 thawed after step 2, then killed after step 3, and deployment A is stopped after step 4.
-Each test below checks one thing the run must show. (That a sharded step's gradient equals
-one process's is ``tests/adapters/test_torch_fsdp.py``; the adapters a replica refuses are
-the last two tests here, which audit one more run, on replicas of its own.)
+Each test below checks one thing the run must show. The fleet keeps 3 adapter versions
+side by side, so that a second, asynchronous run (3 steps, ``--max-staleness 1``, through
+deployment B and the replicas left) goes through the same cluster. (That a sharded step's
+gradient equals one process's is ``tests/adapters/test_torch_fsdp.py``, and an asynchronous
+one's ``tests/gym/test_train.py``; the adapters a replica refuses are the last two tests
+here, which audit one more run, on replicas of its own.)
 """
 
 from __future__ import annotations
@@ -52,6 +55,11 @@ MISMATCH_MAX = 1e-4  # fp32 learner and sampler: ~1e-5; a stale adapter: ~1e-1
 GENERATIONS = 4
 ROLLOUTS = 4 * GENERATIONS  # rows_per_step x num_generations, over both ranks
 TYPED = {"agent_error", "transport_error", "timeout", "empty", "no_token_ids", "drift"}
+K = 1
+ASYNC_FLAGS = ("--mode", "async", "--max-staleness", str(K), "--steps", "3")
+ADAPTER_VERSIONS = 3
+"""Kept side by side by the fleet: what the asynchronous run's bound needs (K + 2); the
+synchronous run uses the newest."""
 
 
 def free_port() -> int:
@@ -78,6 +86,13 @@ def slots(url: str) -> dict[str, str]:
     return {c["id"]: c["root"] for c in cards if c.get("parent")}
 
 
+def newest(url: str) -> str:
+    """The directory of the newest ``policy`` version a fleet replica holds (its slots are
+    ``policy@v<N>``: the fleet keeps several)."""
+    held = {int(slot.rsplit("@v", 1)[1]): root for slot, root in slots(url).items()}
+    return held[max(held)]
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     from nemogym_sdk.gym import (
@@ -101,7 +116,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     model_dir = save_tiny(root / "model", 0)
     record = str(root / "record-{replica}.jsonl")
     with start_samplers(
-        2, model_dir, log_dir=root / "samplers", replica_args=["--record", record]
+        2,
+        model_dir,
+        log_dir=root / "samplers",
+        replica_args=["--record", record],
+        adapter_versions=ADAPTER_VERSIONS,
     ) as fleet:
         policy = PolicyModel(base_url=fleet.base_url, model="policy")
         with (
@@ -112,35 +131,49 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
             yield {"root": root, "fleet": fleet, "a": a, "b": b, "model_dir": model_dir}
 
 
+def start_nodes(cluster: dict[str, Any], out: Path, heads: str, *flags: str) -> list[Any]:
+    """``nemogym-train`` on two learner nodes (``torchrun --nnodes=2``), attached to the
+    fleet's proxy and to the deployments at ``heads``; logs in ``<root>/<out.name>-node<r>``."""
+    train_file = cluster["a"].config.environment("target_chars").train_path
+    argv = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+        "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+    ]  # fmt: skip
+    common = [
+        "-m", "nemogym_sdk.train", "--backend-url", cluster["fleet"].base_url,
+        "--group-affinity", "--head-url", heads, "--train-file", str(train_file),
+        "--rows-per-step", "4", "--num-generations", str(GENERATIONS), "--fsdp",
+        "--out", str(out), "--checkpoint-every", "100", "--episode-timeout", "60",
+    ]  # fmt: skip
+    nodes = []
+    for rank in (0, 1):
+        with (cluster["root"] / f"{out.name}-node{rank}.log").open("w") as log:
+            nodes.append(
+                subprocess.Popen(
+                    [*argv, f"--node_rank={rank}", *common, *flags],
+                    cwd=REPO,
+                    env=trainer_env(),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+    return nodes
+
+
+def node_logs(cluster: dict[str, Any], out: Path) -> str:
+    return "".join(
+        f"--- node {r}\n{(cluster['root'] / f'{out.name}-node{r}.log').read_text()[-3000:]}"
+        for r in (0, 1)
+    )
+
+
 @pytest.fixture(scope="module")
 def run(cluster: dict[str, Any]) -> dict[str, Any]:
     """The 6-step run on two learner nodes, with the faults injected while it trains."""
     fleet, a, b = cluster["fleet"], cluster["a"], cluster["b"]
     out = cluster["root"] / "run"
-    train_file = a.config.environment("target_chars").train_path
-    port = free_port()
-    argv = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
-        "--master_addr=127.0.0.1", f"--master_port={port}",
-    ]  # fmt: skip
-    flags = [
-        "-m", "nemogym_sdk.train", "--backend-url", fleet.base_url, "--group-affinity",
-        "--head-url", f"{a.directory.head_url},{b.head_url}", "--train-file", str(train_file),
-        "--steps", str(STEPS), "--rows-per-step", "4", "--num-generations", str(GENERATIONS),
-        "--fsdp", "--out", str(out),
-        "--checkpoint-every", "100", "--episode-timeout", "60",
-    ]  # fmt: skip
-    logs_out = [(cluster["root"] / f"node{rank}.log").open("w") for rank in (0, 1)]
-    nodes = [
-        subprocess.Popen(
-            [*argv, f"--node_rank={rank}", *flags],
-            cwd=REPO,
-            env=trainer_env(),
-            stdout=logs_out[rank],
-            stderr=subprocess.STDOUT,
-        )
-        for rank in (0, 1)
-    ]
+    heads = f"{a.directory.head_url},{b.head_url}"
+    nodes = start_nodes(cluster, out, heads, "--steps", str(STEPS))
     events: dict[str, float] = {}
 
     def inject() -> None:
@@ -165,14 +198,22 @@ def run(cluster: dict[str, Any]) -> dict[str, Any]:
     injector.start()
     codes = [node.wait(timeout=900) for node in nodes]
     injector.join(10)
-    for handle in logs_out:
-        handle.close()
-    logs = "".join(
-        f"--- node {r}\n{(cluster['root'] / f'node{r}.log').read_text()[-3000:]}" for r in (0, 1)
-    )
     print(f"cluster run: {time.monotonic() - began:.0f} s, faults after steps {events}")
-    assert codes == [0, 0], logs
-    return {"steps": metrics(out), "events": events, "out": out, "logs": logs}
+    assert codes == [0, 0], node_logs(cluster, out)
+    return {"steps": metrics(out), "events": events}
+
+
+@pytest.fixture(scope="module")
+def async_run(cluster: dict[str, Any]) -> dict[str, Any]:
+    """Three asynchronous steps (``--mode async --max-staleness 1``) on two learner nodes,
+    through deployment B (NeMo Gym's launcher) and whichever replicas are left."""
+    out = cluster["root"] / "async"
+    began = time.monotonic()
+    nodes = start_nodes(cluster, out, cluster["b"].head_url, *ASYNC_FLAGS)
+    codes = [node.wait(timeout=600) for node in nodes]
+    print(f"async cluster run: {time.monotonic() - began:.0f} s")
+    assert codes == [0, 0], node_logs(cluster, out)
+    return {"steps": metrics(out), "summary": json.loads((out / "summary.json").read_text())}
 
 
 def test_two_learner_nodes_train_through_replicas_and_two_deployments(
@@ -222,7 +263,7 @@ def test_a_killed_replica_leaves_the_router_and_the_run_goes_on(
     survivor, dead = fleet.replicas[0].base_url, fleet.replicas[1].base_url
     routed = fleet.router.healthy()
     assert dead.removesuffix("/v1") not in routed and survivor.removesuffix("/v1") in routed
-    assert str(slots(survivor)["policy"]).endswith(f"v{STEPS:06d}")
+    assert newest(survivor).endswith(f"v{STEPS:06d}")
     after = run["steps"][KILL_REPLICA_AFTER + 1 :]
     lost = [(s["step"], s["failures"]) for s in after]
     assert all(s["ok"] >= ROLLOUTS - GENERATIONS for s in after), lost  # a group at most
@@ -257,6 +298,24 @@ def test_a_deployment_that_disappears_costs_typed_failures_and_the_other_goes_on
     ]
     assert not cluster["a"].is_running
     assert requests.get(f"{cluster['b'].head_url}/readyz", timeout=5).status_code == 200
+
+
+def test_an_asynchronous_run_on_two_nodes_keeps_its_staleness_bound(
+    async_run: dict[str, Any],
+) -> None:
+    """``--mode async`` on two nodes (rank 0 owns the engine, each rank trains its share of
+    every step's groups): each step trains 4 whole groups, publishes the next version, and
+    every policy token says which version sampled it, none more than K behind."""
+    steps = async_run["steps"]
+    assert [s["step"] for s in steps] == [0, 1, 2]
+    assert [s["adapter_version"] for s in steps] == [1, 2, 3]
+    for step in steps:
+        assert step["rollouts"] == ROLLOUTS and step["groups"] == 4, step
+        assert step["unversioned_tokens"] == 0 and step["staleness_max"] <= K, step
+        assert sum(step["staleness"].values()) == step["policy_tokens"] > 0, step
+        assert step["grad_norm"] > 0, step
+    assert steps[0]["staleness"] == {"0": steps[0]["policy_tokens"]}
+    assert async_run["summary"]["mode"] == "async"
 
 
 REFUSALS = {"v000003": 1, "v000004": 2}
