@@ -169,7 +169,8 @@ def node_logs(cluster: dict[str, Any], out: Path) -> str:
 
 @pytest.fixture(scope="module")
 def run(cluster: dict[str, Any]) -> dict[str, Any]:
-    """The 6-step run on two learner nodes, with the faults injected while it trains."""
+    """The 6-step run on two learner nodes (``torchrun``, `start_nodes`), with the faults
+    injected while it trains."""
     fleet, a, b = cluster["fleet"], cluster["a"], cluster["b"]
     out = cluster["root"] / "run"
     heads = f"{a.directory.head_url},{b.head_url}"
@@ -205,8 +206,9 @@ def run(cluster: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def async_run(cluster: dict[str, Any]) -> dict[str, Any]:
-    """Three asynchronous steps (``--mode async --max-staleness 1``) on two learner nodes,
-    through deployment B (NeMo Gym's launcher) and whichever replicas are left."""
+    """Three asynchronous steps (``--mode async --max-staleness 1``) on two learner nodes
+    (``torchrun``, `start_nodes`), through deployment B (NeMo Gym's launcher) and whichever
+    replicas are left."""
     out = cluster["root"] / "async"
     began = time.monotonic()
     nodes = start_nodes(cluster, out, cluster["b"].head_url, *ASYNC_FLAGS)

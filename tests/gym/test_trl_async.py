@@ -128,6 +128,11 @@ def check_packed(batch: dict[str, Any], samples: list[Any]) -> None:
 def test_async_grpo_trainer_trains_whole_nemo_gym_groups_and_publishes_each_version(
     toy_deployment: ToyDeployment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """TRL's ``AsyncGRPOTrainer`` (`build`): its train begin publishes version 0 and starts the
+    feed; its loader packs one engine step per optimizer step, whole groups, with the policy
+    tokens, logprobs and advantages the SDK computed; its weight sync publishes version 1,
+    after which the next step holds the groups the staleness bound makes due; and what it
+    did not train comes back as the feed's leftover."""
     trainer, feed, client, sync = build(toy_deployment, tmp_path, monkeypatch)
     try:
         trainer.callback_handler.on_train_begin(trainer.args, trainer.state, trainer.control)
