@@ -492,6 +492,7 @@ SURFACE: dict[str, set[str]] = {
         "LoraSyncCallback",
         "MAX_TRL_EXCLUSIVE",
         "MIN_TRL",
+        "NemoGymFeed",
         "NemoGymRolloutFunc",
         "ROW_ID_KEY",
         "TESTED_TRL",
