@@ -89,7 +89,8 @@ class NemoGymFeed:
             )
         self.client, self.rows, self.options, self.sync = client, list(rows), options, sync
         self.eos_token_id, self.scale, self.leave_one_out = eos_token_id, scale, leave_one_out
-        self._resume = (tuple(requeue), next_index, first_version)
+        self._requeue, self._next_index = tuple(requeue), next_index
+        self._first_version = first_version
         self.rollout_buffer: queue.Queue[Any] = queue.Queue()
         """What the trainer drains: TRL ``RolloutSample``s, a step's groups at a time."""
         self.metrics_queue: queue.Queue[dict[str, Any]] = queue.Queue()
@@ -177,7 +178,7 @@ class NemoGymFeed:
             raise UsageError("call feed.attach(trainer) before trainer.train()")
         model = self._trainer.accelerator.unwrap_model(self._trainer.model)
         if self.sync.version is None:  # TRL's cold sync, before the first rollout
-            first = self._resume[2]
+            first = self._first_version
             record = self.sync.initialize(model, require_zero=first == 0, version=first)
         else:
             record = self.sync.sync(model)
@@ -203,14 +204,13 @@ class NemoGymFeed:
 
         if self._engine is not None:
             raise UsageError("this NemoGymFeed has already been started")
-        requeue, next_index, _ = self._resume
         self._engine = RolloutEngine(
             self.client,
             self.rows,
             self.options,
             eos_token_id=self.eos_token_id,
-            requeue=requeue,
-            next_index=next_index,
+            requeue=self._requeue,
+            next_index=self._next_index,
         ).start()
         self._beat = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="nemogym-feed", daemon=True)
