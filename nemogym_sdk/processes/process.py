@@ -20,16 +20,18 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Protocol, Self
 
 import attrs
 import requests
 
 from nemogym_sdk._net.ready import answered, poll_ready
 from nemogym_sdk.processes.errors import ServerNotReadyError, ServerStartError
+from nemogym_sdk.processes.forkserver import fork_server, fork_servers_enabled, forkable
 from nemogym_sdk.processes.watchdog import unwatch, watch
 
 __all__ = [
+    "Child",
     "ProcessGroup",
     "ProcessSpec",
     "ServerProcess",
@@ -49,14 +51,27 @@ TAIL_LINES = 40
 """How many log lines a start-up error quotes."""
 
 
+class Child(Protocol):
+    """What the SDK uses of a started process: ``subprocess.Popen``'s ``pid``, ``poll`` and
+    ``wait`` (`ForkedChild` has them too)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
 @attrs.define(kw_only=True, eq=False)
 class ServerProcess:
     """A started server process, the leader of its own process group."""
 
     name: str
     """Instance name of the server (or ``head_server``)."""
-    popen: subprocess.Popen[bytes]
-    """The process (its pid is also its process-group id)."""
+    popen: Child
+    """The process (its pid is also its process-group id): a ``subprocess.Popen``, or a
+    `ForkedChild` when a fork server started it."""
     log_path: Path
     """File receiving its stdout and stderr."""
     health_url: str
@@ -112,6 +127,9 @@ class ProcessSpec:
     """File receiving its stdout and stderr."""
     health_url: str
     """URL polled until it answers 2xx."""
+    preload: tuple[str, ...] = ()
+    """Modules to import once in a fork server for ``argv[0]`` and fork this process from
+    (see `nemogym_sdk.processes.forkserver`); empty: a new interpreter."""
 
 
 class ProcessGroup:
@@ -133,6 +151,7 @@ class ProcessGroup:
             env=spec.env,
             log_path=spec.log_path,
             health_url=spec.health_url,
+            preload=spec.preload,
         )
         self._processes.append(process)
         return process
@@ -181,25 +200,37 @@ def spawn(
     env: Mapping[str, str],
     log_path: Path,
     health_url: str,
+    preload: Sequence[str] = (),
 ) -> ServerProcess:
     """Start ``argv`` in ``cwd`` as a new session, stdout and stderr appended to ``log_path``.
+
+    With ``preload`` (modules) and ``argv`` of the form ``python [-P] script [args]``, it is
+    forked from this process's fork server for that interpreter, which imported them once
+    (`nemogym_sdk.processes.forkserver`; ``NEMOGYM_FORK_SERVERS=0`` turns that off).
 
     The watchdog (``nemogym_sdk.processes.watchdog``) stops its group if this process dies
     without stopping it: SIGTERM, then SIGKILL 5 s later (``watch`` again to change that).
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    forked = bool(preload) and fork_servers_enabled() and forkable(argv)
     with log_path.open("ab") as log:
-        log.write(f"# {name}: argv={list(argv)!r} cwd={str(cwd)!r}\n".encode())
+        how = f" (forked, {', '.join(preload)} imported)" if forked else ""
+        log.write(f"# {name}: argv={list(argv)!r} cwd={str(cwd)!r}{how}\n".encode())
         log.flush()
-        popen = subprocess.Popen(
-            list(argv),
-            cwd=cwd,
-            env=dict(env),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        popen: Child
+        if forked:
+            server = fork_server(argv[0], tuple(preload), env)
+            popen = server.fork(argv, cwd=cwd, env=env, log_path=log_path)
+        else:
+            popen = subprocess.Popen(
+                list(argv),
+                cwd=cwd,
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
     watch(popen.pid)
     logger.debug("started %s (pid %d), log %s", name, popen.pid, log_path)
     return ServerProcess(name=name, popen=popen, log_path=log_path, health_url=health_url)

@@ -15,6 +15,7 @@ from nemogym_sdk.gym import GymStack, PolicyModel
 from nemogym_sdk.gym.builder import child_env
 from nemogym_sdk.gym.server_envs import find_uv
 from nemogym_sdk.processes import group_alive
+from nemogym_sdk.processes.forkserver import FORK_SERVERS_ENV_VAR
 
 from .fakes import make_venv
 
@@ -27,9 +28,14 @@ def _probe(url: str) -> dict[str, object]:
     return probe
 
 
-def test_each_server_gets_the_config_its_name_and_its_directory(tmp_path: Path) -> None:
+@pytest.mark.parametrize("forked", [True, False], ids=["forked", "new-interpreter"])
+def test_each_server_gets_the_config_its_name_and_its_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, forked: bool
+) -> None:
     """Every process sees the whole config, its own instance name, cwd and PYTHONPATH; the
-    stack's directory lists each at the address it answers on."""
+    stack's directory lists each at the address it answers on: forked from the venv's fork
+    server (the default) as when each is a new interpreter (``NEMOGYM_FORK_SERVERS=0``)."""
+    monkeypatch.setenv(FORK_SERVERS_ENV_VAR, "1" if forked else "0")
     venv = make_venv(tmp_path / "venv")
     with GymStack(["toy"], MODEL, venv=venv, workdir=tmp_path / "w", ready_timeout=30) as stack:
         written = yaml.safe_load(stack.config_path.read_text())
@@ -45,7 +51,9 @@ def test_each_server_gets_the_config_its_name_and_its_directory(tmp_path: Path) 
             assert probe["config"] == written == stack.config.global_config
         pids = stack.pids
     assert not any(group_alive(pid) for pid in pids.values())
-    assert "toy server toy on" in stack.log_paths["toy"].read_text()
+    log = stack.log_paths["toy"].read_text()
+    assert "toy server toy on" in log
+    assert ("(forked, nemo_gym.server_utils" in log.splitlines()[0]) is forked
 
 
 def test_server_files_overlay_feeds_the_server_and_spares_the_venv(tmp_path: Path) -> None:

@@ -1,0 +1,167 @@
+"""Fork-server entry point, run by a venv's interpreter: ``python -u _forkserver_main.py
+<module> ...``. Not imported by nemogym_sdk (it may run under another Python).
+
+It imports the modules it is given once (NeMo Gym's server bases take ~2.5 s of CPU to
+import, at every server start otherwise), then reads one JSON request per line on stdin::
+
+    {"argv": [python, ["-P"], script, *args], "cwd": ..., "env": {...}, "log": path}
+
+and forks a child that runs ``script`` as ``__main__``, as ``python [-P] script args``
+would: a session of its own, stdin from /dev/null, stdout and stderr appended to ``log``,
+``cwd`` its directory, ``env`` its whole environment (``PYTHONPATH`` put on ``sys.path``).
+It answers ``{"pid": n}`` (or ``{"error": ...}``) once the child leads its session, and
+``{"exit": pid, "code": c}`` when a child ends (``c`` as ``subprocess`` reports it:
+negative for a signal). When its stdin closes it forks no more, and exits once every child
+has ended (their owner, or its watchdog, stops them); it never signals them itself.
+"""
+
+from __future__ import annotations
+
+import atexit
+import builtins
+import contextlib
+import importlib
+import importlib.machinery
+import io
+import json
+import os
+import select
+import signal
+import sys
+import time
+import traceback
+import types
+from typing import Any
+
+_BASE_PATH = list(sys.path[1:])  # sys.path[0] is this file's directory
+
+
+def _reply(message: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def _run_main(script: str) -> None:
+    """Run ``script`` as the ``__main__`` module, as the interpreter runs a script."""
+    with io.open_code(script) as source:
+        code = compile(source.read(), script, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(
+        __file__=script,
+        __cached__=None,
+        __loader__=importlib.machinery.SourceFileLoader("__main__", script),
+        __package__=None,
+        __spec__=None,
+        __builtins__=builtins,
+    )
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)
+
+
+def _child(request: dict[str, Any]) -> int:
+    """In the forked child: become ``python [-P] script args`` and run it; its exit code."""
+    os.setsid()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    argv = list(request["argv"][1:])
+    safe_path = bool(argv) and argv[0] == "-P"
+    if safe_path:
+        argv = argv[1:]
+    null = os.open(os.devnull, os.O_RDONLY)
+    log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(null)
+    os.close(log)
+    os.chdir(request["cwd"])
+    env = request["env"]
+    os.environ.clear()
+    os.environ.update(env)
+    sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
+    script = os.path.abspath(argv[0])
+    extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = ([] if safe_path else [os.path.dirname(script)]) + extra + _BASE_PATH
+    sys.argv = argv  # argv[0] as given, as the interpreter leaves it
+    if "numpy" in sys.modules:  # each child draws its own numbers, as a new process would
+        sys.modules["numpy"].random.seed()
+    try:
+        _run_main(script)
+        code = 0
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        if stop.code is not None and not isinstance(stop.code, int):
+            print(stop.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 -- as the interpreter would: a traceback, exit 1
+        traceback.print_exc()
+        code = 1
+    atexit._run_exitfuncs()
+    return code
+
+
+def _fork(request: dict[str, Any]) -> None:
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        _reply({"error": f"fork failed: {exc}"})
+        return
+    if pid == 0:  # the child
+        code = 1
+        try:
+            code = _child(request)
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):  # a closed log: nothing left to say
+                    stream.flush()
+            os._exit(code)
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:  # answer once it leads its session: stoppable
+        try:
+            if os.getpgid(pid) == pid:
+                break
+        except ProcessLookupError:
+            break
+        time.sleep(0.001)
+    _reply({"pid": pid})
+
+
+def _reap(block: bool = False) -> bool:
+    """Report every child that has ended; False once no child is left."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return True
+        with contextlib.suppress(OSError):  # the owner may be gone: reap all the same
+            _reply({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def main(modules: list[str]) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is for the owner
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 -- a child imports what it lacks itself
+            print(f"fork server: not preloaded: {name}: {exc!r}", file=sys.stderr)
+    _reply({"ready": os.getpid()})
+    pending = b""
+    while True:
+        readable, _, _ = select.select([0], [], [], 0.05)
+        _reap()
+        if not readable:
+            continue
+        chunk = os.read(0, 1 << 16)
+        if not chunk:  # the owner closed us or died: reap the children left, then go
+            while _reap(block=True):
+                pass
+            return 0
+        pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            _fork(json.loads(line))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

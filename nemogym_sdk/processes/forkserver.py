@@ -1,0 +1,250 @@
+"""Fork servers: a venv's interpreter that imports a server's heavy modules once, then forks
+each server from there instead of starting a new interpreter for it.
+
+A NeMo Gym server spends ~2.5 s of CPU importing NeMo Gym (pandas, scipy, openai,
+fastapi) before it runs a line of its own; a stack starts three or four of them. Forked
+from a process that has those modules already, a server starts in a fraction of that, and
+runs the same code: ``python [-P] script args`` in its directory, with its environment,
+as the leader of its own session (``_forkserver_main.py`` says exactly what the child
+does). :func:`spawn <nemogym_sdk.processes.spawn>` uses one when a `ProcessSpec` names
+modules to preload; ``NEMOGYM_FORK_SERVERS=0`` turns them off (every server a new
+interpreter, as NeMo Gym's launcher starts them).
+
+One fork server per interpreter and preload list per process, started on first use and
+ended when this process exits (it ends by itself when its stdin closes, this process's
+death included); the servers it forked run on, stopped as any other (their process groups,
+the watchdog). Its children are not this process's: `ForkedChild` gives what a
+``subprocess.Popen`` would (``pid``, ``poll``, ``wait``, ``returncode``) from the exit
+statuses the fork server reports.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import queue
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "FORK_SERVERS_ENV_VAR",
+    "ForkServer",
+    "ForkedChild",
+    "fork_server",
+    "fork_servers_enabled",
+    "forkable",
+]
+
+FORK_SERVERS_ENV_VAR = "NEMOGYM_FORK_SERVERS"
+"""Set to ``0`` to start every server as a new interpreter."""
+
+_MAIN = Path(__file__).with_name("_forkserver_main.py")
+_REPLY_TIMEOUT_S = 60.0
+"""How long a fork server may take to preload, or to answer a fork request."""
+_POLL_S = 0.05
+
+
+def fork_servers_enabled() -> bool:
+    """False when ``$NEMOGYM_FORK_SERVERS`` is ``0``."""
+    return os.environ.get(FORK_SERVERS_ENV_VAR, "1").strip() != "0"
+
+
+def forkable(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` is ``python [-P] script [args]``, what a fork server can run."""
+    rest = list(argv[1:])
+    if rest[:1] == ["-P"]:
+        rest = rest[1:]
+    return bool(rest) and not rest[0].startswith("-")
+
+
+class ForkServerError(OSError):
+    """The fork server did not start, or did not answer a fork request."""
+
+
+class ForkedChild:
+    """A process forked by a `ForkServer`: the part of ``subprocess.Popen`` the SDK uses."""
+
+    def __init__(self, server: ForkServer, pid: int, args: Sequence[str]) -> None:
+        self._server = server
+        self.pid = pid
+        self.args = list(args)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        """Its exit code once it has ended (negative: the signal that ended it), else None."""
+        if self.returncode is None:
+            self.returncode = self._server.exit_code(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for it to end; ``subprocess.TimeoutExpired`` after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            self._server.wait_for_news(_POLL_S)
+        assert self.returncode is not None
+        return self.returncode
+
+
+class ForkServer:
+    """``_forkserver_main.py`` run by ``python`` with ``preload`` imported (see the module)."""
+
+    def __init__(self, python: str, preload: Sequence[str], env: Mapping[str, str]) -> None:
+        self.owner = os.getpid()
+        self.python = python
+        self.preload = tuple(preload)
+        self._lock = threading.Lock()
+        self._news = threading.Condition()
+        self._exits: dict[int, int] = {}
+        self._replies: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._gone = False
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 -- its stderr, closed in close()
+        env = {k: v for k, v in env.items() if not k.startswith("NEMO_GYM_")}
+        env.pop("PYTHONPATH", None)  # a child's own goes on its sys.path, and only there
+        argv = [python, "-u", "-P", str(_MAIN), *self.preload]
+        try:
+            self._process = subprocess.Popen(
+                argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log
+            )
+        except OSError as exc:
+            self._log.close()
+            raise ForkServerError(f"cannot start a fork server ({python}): {exc}") from exc
+        self._reader = threading.Thread(target=self._read, name="nemogym-forkserver", daemon=True)
+        self._reader.start()
+        self._answer("ready")
+
+    def _read(self) -> None:
+        stdout = self._process.stdout
+        assert stdout is not None
+        for line in stdout:
+            message = json.loads(line)
+            if "exit" in message:
+                with self._news:
+                    self._exits[int(message["exit"])] = int(message["code"])
+                    self._news.notify_all()
+            else:
+                self._replies.put(message)
+        with self._news:
+            self._gone = True
+            self._news.notify_all()
+        self._replies.put({"error": f"the fork server ended:\n{self._tail()}"})
+
+    def _answer(self, key: str) -> dict[str, Any]:
+        try:
+            reply = self._replies.get(timeout=_REPLY_TIMEOUT_S)
+        except queue.Empty:
+            reply = {"error": f"no answer in {_REPLY_TIMEOUT_S:.0f} s"}
+        if key not in reply:
+            raise ForkServerError(f"fork server {self.python}: {reply.get('error', reply)}")
+        return reply
+
+    def fork(
+        self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log_path: Path
+    ) -> ForkedChild:
+        """Fork ``argv`` (``python [-P] script args``; see `forkable`) in ``cwd``, with
+        ``env`` as its whole environment, stdout and stderr appended to ``log_path``."""
+        request = {"argv": list(argv), "cwd": str(cwd), "env": dict(env), "log": str(log_path)}
+        stdin = self._process.stdin
+        assert stdin is not None
+        with self._lock:
+            try:
+                stdin.write((json.dumps(request) + "\n").encode())
+                stdin.flush()
+            except (BrokenPipeError, OSError, ValueError) as exc:
+                raise ForkServerError(f"fork server {self.python} is gone: {exc}") from exc
+            reply = self._answer("pid")
+        return ForkedChild(self, int(reply["pid"]), argv)
+
+    @property
+    def alive(self) -> bool:
+        return not self._gone and self._process.poll() is None
+
+    def exit_code(self, pid: int) -> int | None:
+        """``pid``'s exit code as reported, None while it runs. If the fork server itself
+        has ended, a child it can no longer report on counts as ended (code -1) once gone."""
+        with self._news:
+            code = self._exits.get(pid)
+            gone = self._gone
+        if code is not None or not gone:
+            return code
+        return -1 if _ended(pid) else None
+
+    def wait_for_news(self, timeout: float) -> None:
+        """Wait until a child's exit is reported (or ``timeout`` seconds pass)."""
+        with self._news:
+            self._news.wait(timeout)
+
+    def _tail(self) -> str:
+        with contextlib.suppress(ValueError, OSError):
+            self._log.seek(0)
+            lines = self._log.read().decode(errors="replace").splitlines()
+            return "\n".join(lines[-20:]) or "<no output>"
+        return "<no output>"
+
+    def close(self) -> None:
+        """Close its stdin: it forks no more and exits once its children have ended (they
+        run on, stopped by their owner as any server). Waits up to 5 s for that."""
+        stdin = self._process.stdin
+        if stdin is not None:
+            with contextlib.suppress(OSError):
+                stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._process.wait(timeout=5)
+        self._reader.join(timeout=1.0)
+        if not self._reader.is_alive():  # else it still reports exits, until it ends
+            if self._process.stdout is not None:
+                self._process.stdout.close()
+            self._log.close()
+
+
+def _ended(pid: int) -> bool:
+    """Whether ``pid`` is gone, or a zombie its new parent has not reaped yet."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
+
+
+_SERVERS: dict[tuple[str, tuple[str, ...]], ForkServer] = {}
+_SERVERS_LOCK = threading.Lock()
+
+
+def fork_server(python: str, preload: Sequence[str], env: Mapping[str, str]) -> ForkServer:
+    """This process's fork server for ``python`` with ``preload`` imported, started on first
+    use with ``env`` (less ``NEMO_GYM_*``), a new one after a fork or if it has ended."""
+    key = (python, tuple(preload))
+    with _SERVERS_LOCK:
+        server = _SERVERS.get(key)
+        if server is None or not server.alive or server.owner != os.getpid():
+            if server is not None and server.owner == os.getpid():
+                server.close()
+            server = _SERVERS[key] = ForkServer(python, preload, env)
+        return server
+
+
+def _close_servers() -> None:
+    with _SERVERS_LOCK:
+        servers = [s for s in _SERVERS.values() if s.owner == os.getpid()]
+        _SERVERS.clear()
+    for server in servers:
+        server.close()
+
+
+# Registered at import, before any stack registers its own stop: exit handlers run last
+# first, so the servers are stopped (their exits reported) before their fork servers close.
+atexit.register(_close_servers)
