@@ -30,7 +30,8 @@ that defines each class outside this one (a test checks that this drawing lists 
     │   └── EngineClosedError                  rollout_engine.groups: a step of a closed engine
     ├── RunStoppedError(RuntimeError)          train.faults: nemogym-train stopped the run
     ├── ServerStartError(RuntimeError)         processes.errors: a local server exited at start-up
-    │   └── RequirementsInstallError           gym.errors: its requirements failed to install
+    │   ├── RequirementsInstallError           gym.errors: its requirements failed to install
+    │   └── ForkServerError                    processes.forkserver: no fork server to fork it
     ├── ServeError                             serve.errors: answered as an OpenAI error body
     │   ├── BadRequestError(ValueError)        serve.errors: HTTP 400
     │   │   └── SpliceError                    serve.chat: token ids cannot be spliced

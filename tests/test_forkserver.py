@@ -16,12 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from nemogym_sdk.processes import spawn, stop_all
+from nemogym_sdk.processes import ServerStartError, spawn, stop_all
 from nemogym_sdk.processes.forkserver import (
     FORK_SERVERS_ENV_VAR,
+    MAX_FORK_SERVERS,
     ForkedChild,
+    ForkServerError,
     fork_server,
     forkable,
+    shared_env,
 )
 
 PRELOAD = ("json", "http.server")
@@ -58,8 +61,10 @@ def _report(log: Path) -> dict[str, object]:
 
 def test_forkable_takes_a_script_with_or_without_safe_path() -> None:
     assert forkable(["python", "app.py"]) and forkable(["python", "-P", "main.py", "x"])
-    assert not forkable(["python", "-m", "module"]) and not forkable(["python"])
+    assert not forkable(["python"])
     assert not forkable(["python", "-P"]) and not forkable(["python", "-u", "app.py"])
+    assert forkable(["python", "-m", "nemogym_sdk.serve", "--port", "1"])
+    assert not forkable(["python", "-m"]) and not forkable(["python", "-m", "-x"])
 
 
 def test_a_forked_server_runs_its_script_as_a_new_interpreter_would(
@@ -177,3 +182,71 @@ def test_a_dead_fork_server_leaves_its_servers_running_and_is_replaced(tmp_path:
     assert replacement is not server and replacement.alive
     os.killpg(child.pid, signal.SIGKILL)
     assert child.wait(timeout=10) == -1  # ended; its status went to whoever adopted it
+
+
+def test_a_module_runs_as_python_dash_m_would(tmp_path: Path) -> None:
+    package = tmp_path / "code"
+    package.mkdir()
+    (package / "report_module.py").write_text(REPORT)
+    log = tmp_path / "module.log"
+    process = spawn(
+        "module",
+        [sys.executable, "-m", "report_module", "4"],
+        cwd=tmp_path,
+        env=_env(PYTHONPATH=str(package)),
+        log_path=log,
+        health_url="http://127.0.0.1:9/",
+        preload=PRELOAD,
+    )
+    assert isinstance(process.popen, ForkedChild)
+    assert process.popen.wait(timeout=30) == 4
+    report = _report(log)
+    assert report["name"] == "__main__" and report["preloaded"] is True
+    assert report["argv"] == [str(package / "report_module.py"), "4"]
+    assert report["path"] == [str(tmp_path), str(package)]
+
+
+def test_a_child_is_forked_only_under_its_own_environment() -> None:
+    """The preloaded modules were imported under the child's environment: another value of
+    any variable gets a fork server of its own, except the ones each server of a stack has
+    its own of (``PYTHONPATH``, ``NEMO_GYM_*``), which are read when a server runs."""
+    env = _env()
+    first = fork_server(sys.executable, ("json",), env)
+    same = fork_server(
+        sys.executable, ("json",), {**env, "PYTHONPATH": "/x", "NEMO_GYM_CONFIG_PATH": "a"}
+    )
+    other = fork_server(sys.executable, ("json",), {**env, "OMP_NUM_THREADS": "7"})
+    assert same is first and other is not first
+    assert shared_env({"PYTHONPATH": "/x", "NEMO_GYM_X": "1", "A": "1"}) == (("A", "1"),)
+
+
+def test_a_process_keeps_a_few_fork_servers_and_closes_the_least_recently_used(
+    tmp_path: Path,
+) -> None:
+    """Each fork server holds its imports: past ``MAX_FORK_SERVERS`` the one used longest ago
+    is closed. It forks no more, but reports its children until they end, then exits."""
+    (tmp_path / "sleep.py").write_text("import time\ntime.sleep(60)\n")
+    envs = [_env(FORK_TEST=str(n)) for n in range(MAX_FORK_SERVERS + 1)]
+    first = fork_server(sys.executable, ("json",), envs[0])
+    child = first.fork(
+        [sys.executable, "sleep.py"], cwd=tmp_path, env=envs[0], log_path=tmp_path / "s.log"
+    )
+    others = [fork_server(sys.executable, ("json",), env) for env in envs[1:-1]]
+    assert fork_server(sys.executable, ("json",), envs[0]) is first  # used again: kept
+    newest = fork_server(sys.executable, ("json",), envs[-1])
+    assert first.alive and newest.alive
+    assert others[0]._process.wait(timeout=10) == 0  # evicted: no child, so it exited
+    assert fork_server(sys.executable, ("json",), envs[0]) is first
+    os.killpg(child.pid, signal.SIGTERM)
+    assert child.wait(timeout=10) == -signal.SIGTERM
+
+
+def test_a_fork_server_that_cannot_start_is_a_server_start_error(tmp_path: Path) -> None:
+    with pytest.raises(ForkServerError, match="cannot start it") as absent:
+        fork_server(str(tmp_path / "no-python"), ("json",), _env())
+    assert isinstance(absent.value, ServerStartError)
+    broken = tmp_path / "python"
+    broken.write_text("#!/bin/sh\necho 'no such interpreter here' >&2\nexit 3\n")
+    broken.chmod(0o755)
+    with pytest.raises(ForkServerError, match="no such interpreter here"):
+        fork_server(str(broken), ("json",), _env())

@@ -11,7 +11,10 @@ a failed start names the server and quotes its log's tail.
   its steps; ``ServerProcess`` a started process; ``ProcessSpec`` and ``ProcessGroup`` the
   servers of one stack; ``StopOnExit`` the ``with`` support of started servers;
 - ``LOOPBACK``, ``PORT_RANGE`` and ``free_loopback_ports``: where they listen;
-- ``ServerStartError`` and ``ServerNotReadyError``: how a start fails.
+- ``ServerStartError`` and ``ServerNotReadyError``: how a start fails;
+- ``forkserver``: a server whose start names modules to preload (NeMo Gym's servers,
+  ``nemogym_sdk.serve`` samplers) is forked from an interpreter that imported them once
+  (``NEMOGYM_FORK_SERVERS=0``: a new interpreter each).
 
 ``nemogym_sdk.gym`` (NeMo Gym's servers) and ``nemogym_sdk.samplers`` (model servers) both
 start through this room; it imports neither.

@@ -6,7 +6,8 @@ import, at every server start otherwise), then reads one JSON request per line o
 
     {"argv": [python, ["-P"], script, *args], "cwd": ..., "env": {...}, "log": path}
 
-and forks a child that runs ``script`` as ``__main__``, as ``python [-P] script args``
+(or ``[python, "-m", module, *args]``) and forks a child that runs ``script`` (or
+``module``) as ``__main__``, as ``python [-P] script args`` (``python -m module args``)
 would: a session of its own, stdin from /dev/null, stdout and stderr appended to ``log``,
 ``cwd`` its directory, ``env`` its whole environment (``PYTHONPATH`` put on ``sys.path``).
 It answers ``{"pid": n}`` (or ``{"error": ...}``) once the child leads its session, and
@@ -25,6 +26,7 @@ import importlib.machinery
 import io
 import json
 import os
+import runpy
 import select
 import signal
 import sys
@@ -64,8 +66,11 @@ def _child(request: dict[str, Any]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     argv = list(request["argv"][1:])
-    safe_path = bool(argv) and argv[0] == "-P"
-    if safe_path:
+    module = argv[1] if argv[0] == "-m" else None
+    safe_path = argv[0] == "-P"
+    if module is not None:
+        argv = ["-m", *argv[2:]]  # sys.argv[0] becomes the module's file, as with -m
+    elif safe_path:
         argv = argv[1:]
     null = os.open(os.devnull, os.O_RDONLY)
     log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -81,12 +86,16 @@ def _child(request: dict[str, Any]) -> int:
     sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
     script = os.path.abspath(argv[0])
     extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[:] = ([] if safe_path else [os.path.dirname(script)]) + extra + _BASE_PATH
+    first = os.getcwd() if module is not None else os.path.dirname(script)
+    sys.path[:] = ([] if safe_path else [first]) + extra + _BASE_PATH
     sys.argv = argv  # argv[0] as given, as the interpreter leaves it
     if "numpy" in sys.modules:  # each child draws its own numbers, as a new process would
         sys.modules["numpy"].random.seed()
     try:
-        _run_main(script)
+        if module is not None:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            _run_main(script)
         code = 0
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
@@ -156,7 +165,8 @@ def main(modules: list[str]) -> int:
         if not chunk:  # the owner closed us or died: reap the children left, then go
             while _reap(block=True):
                 pass
-            return 0
+            sys.stdout.flush()
+            os._exit(0)  # no interpreter finalisation: seconds with NeMo Gym imported
         pending += chunk
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)

@@ -4,16 +4,19 @@ each server from there instead of starting a new interpreter for it.
 A NeMo Gym server spends ~2.5 s of CPU importing NeMo Gym (pandas, scipy, openai,
 fastapi) before it runs a line of its own; a stack starts three or four of them. Forked
 from a process that has those modules already, a server starts in a fraction of that, and
-runs the same code: ``python [-P] script args`` in its directory, with its environment,
-as the leader of its own session (``_forkserver_main.py`` says exactly what the child
-does). :func:`spawn <nemogym_sdk.processes.spawn>` uses one when a `ProcessSpec` names
-modules to preload; ``NEMOGYM_FORK_SERVERS=0`` turns them off (every server a new
-interpreter, as NeMo Gym's launcher starts them).
+runs the same code: ``python [-P] script args`` (or ``python -m module args``) in its
+directory, with its environment, as the leader of its own session
+(``_forkserver_main.py`` says exactly what the child does). :func:`spawn
+<nemogym_sdk.processes.spawn>` uses one when a `ProcessSpec` names modules to preload;
+``NEMOGYM_FORK_SERVERS=0`` turns them off (every server a new interpreter, as NeMo Gym's
+launcher starts them).
 
-One fork server per interpreter and preload list per process, started on first use and
-ended when this process exits (it ends by itself when its stdin closes, this process's
-death included); the servers it forked run on, stopped as any other (their process groups,
-the watchdog). Its children are not this process's: `ForkedChild` gives what a
+One fork server per interpreter, preload list and environment per process (`shared_env`:
+the preloaded modules were imported under the child's own environment, but for
+``PYTHONPATH`` and ``NEMO_GYM_*``), started on first use; it forks no more once this
+process exits (its stdin closes, this process's death included) and exits when the
+servers it forked have ended. They are stopped as any other (their process groups, the
+watchdog). Its children are not this process's: `ForkedChild` gives what a
 ``subprocess.Popen`` would (``pid``, ``poll``, ``wait``, ``returncode``) from the exit
 statuses the fork server reports.
 """
@@ -33,13 +36,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from nemogym_sdk.processes.errors import ServerStartError
+
 __all__ = [
     "FORK_SERVERS_ENV_VAR",
+    "MAX_FORK_SERVERS",
     "ForkServer",
+    "ForkServerError",
     "ForkedChild",
     "fork_server",
     "fork_servers_enabled",
     "forkable",
+    "shared_env",
 ]
 
 FORK_SERVERS_ENV_VAR = "NEMOGYM_FORK_SERVERS"
@@ -49,6 +57,8 @@ _MAIN = Path(__file__).with_name("_forkserver_main.py")
 _REPLY_TIMEOUT_S = 60.0
 """How long a fork server may take to preload, or to answer a fork request."""
 _POLL_S = 0.05
+MAX_FORK_SERVERS = 3
+"""Fork servers one process keeps (each holds ~250 MB of imports for NeMo Gym)."""
 
 
 def fork_servers_enabled() -> bool:
@@ -57,15 +67,35 @@ def fork_servers_enabled() -> bool:
 
 
 def forkable(argv: Sequence[str]) -> bool:
-    """Whether ``argv`` is ``python [-P] script [args]``, what a fork server can run."""
+    """Whether ``argv`` is ``python [-P] script [args]`` or ``python -m module [args]``,
+    what a fork server can run."""
     rest = list(argv[1:])
+    if rest[:1] == ["-m"]:
+        return len(rest) >= 2 and not rest[1].startswith("-")
     if rest[:1] == ["-P"]:
         rest = rest[1:]
     return bool(rest) and not rest[0].startswith("-")
 
 
-class ForkServerError(OSError):
-    """The fork server did not start, or did not answer a fork request."""
+def _own_to_each_child(name: str) -> bool:
+    """Variables that differ from server to server of one stack and are read when a server
+    runs, never when the preloaded modules are imported (checked for NeMo Gym 0.7.0)."""
+    return name == "PYTHONPATH" or name.startswith("NEMO_GYM_")
+
+
+def shared_env(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """What of ``env`` the fork server's imports may read: the whole of it but the
+    variables each child has its own of (``PYTHONPATH``, ``NEMO_GYM_*``). A child is forked
+    only from a fork server started with exactly its own."""
+    return tuple(sorted((k, v) for k, v in env.items() if not _own_to_each_child(k)))
+
+
+class ForkServerError(ServerStartError):
+    """The fork server did not start, or did not answer a fork request: ``server`` names it
+    (``fork server <python>``), ``log_tail`` holds its last output or what went wrong."""
+
+    def __init__(self, python: str, what: str) -> None:
+        super().__init__(f"fork server {python}", None, None, what)
 
 
 class ForkedChild:
@@ -97,7 +127,9 @@ class ForkedChild:
 class ForkServer:
     """``_forkserver_main.py`` run by ``python`` with ``preload`` imported (see the module)."""
 
-    def __init__(self, python: str, preload: Sequence[str], env: Mapping[str, str]) -> None:
+    def __init__(
+        self, python: str, preload: Sequence[str], env: tuple[tuple[str, str], ...]
+    ) -> None:
         self.owner = os.getpid()
         self.python = python
         self.preload = tuple(preload)
@@ -107,19 +139,28 @@ class ForkServer:
         self._replies: queue.Queue[dict[str, Any]] = queue.Queue()
         self._gone = False
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 -- its stderr, closed in close()
-        env = {k: v for k, v in env.items() if not k.startswith("NEMO_GYM_")}
-        env.pop("PYTHONPATH", None)  # a child's own goes on its sys.path, and only there
         argv = [python, "-u", "-P", str(_MAIN), *self.preload]
         try:
             self._process = subprocess.Popen(
-                argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log
+                argv,
+                env=dict(env),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._log,
             )
         except OSError as exc:
             self._log.close()
-            raise ForkServerError(f"cannot start a fork server ({python}): {exc}") from exc
+            raise ForkServerError(python, f"cannot start it: {exc}") from exc
         self._reader = threading.Thread(target=self._read, name="nemogym-forkserver", daemon=True)
         self._reader.start()
-        self._answer("ready")
+        try:
+            self._answer("ready")
+        except ForkServerError:
+            self.close(wait=5.0)
+            if self._process.poll() is None:
+                self._process.kill()
+                self._process.wait()
+            raise
 
     def _read(self) -> None:
         stdout = self._process.stdout
@@ -136,6 +177,8 @@ class ForkServer:
             self._gone = True
             self._news.notify_all()
         self._replies.put({"error": f"the fork server ended:\n{self._tail()}"})
+        stdout.close()
+        self._log.close()
 
     def _answer(self, key: str) -> dict[str, Any]:
         try:
@@ -143,7 +186,7 @@ class ForkServer:
         except queue.Empty:
             reply = {"error": f"no answer in {_REPLY_TIMEOUT_S:.0f} s"}
         if key not in reply:
-            raise ForkServerError(f"fork server {self.python}: {reply.get('error', reply)}")
+            raise ForkServerError(self.python, str(reply.get("error", reply)))
         return reply
 
     def fork(
@@ -159,7 +202,7 @@ class ForkServer:
                 stdin.write((json.dumps(request) + "\n").encode())
                 stdin.flush()
             except (BrokenPipeError, OSError, ValueError) as exc:
-                raise ForkServerError(f"fork server {self.python} is gone: {exc}") from exc
+                raise ForkServerError(self.python, f"it is gone: {exc}") from exc
             reply = self._answer("pid")
         return ForkedChild(self, int(reply["pid"]), argv)
 
@@ -189,20 +232,17 @@ class ForkServer:
             return "\n".join(lines[-20:]) or "<no output>"
         return "<no output>"
 
-    def close(self) -> None:
+    def close(self, wait: float = 5.0) -> None:
         """Close its stdin: it forks no more and exits once its children have ended (they
-        run on, stopped by their owner as any server). Waits up to 5 s for that."""
+        run on, stopped by their owner as any server, their exits still reported). Waits
+        up to ``wait`` seconds for it to exit."""
         stdin = self._process.stdin
         if stdin is not None:
             with contextlib.suppress(OSError):
                 stdin.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self._process.wait(timeout=5)
-        self._reader.join(timeout=1.0)
-        if not self._reader.is_alive():  # else it still reports exits, until it ends
-            if self._process.stdout is not None:
-                self._process.stdout.close()
-            self._log.close()
+            self._process.wait(timeout=wait)
+        self._reader.join(timeout=min(wait, 1.0))
 
 
 def _ended(pid: int) -> bool:
@@ -220,27 +260,42 @@ def _ended(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] == "Z"
 
 
-_SERVERS: dict[tuple[str, tuple[str, ...]], ForkServer] = {}
+_SERVERS: dict[tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]], ForkServer] = {}
+_RETIRED: list[ForkServer] = []
+"""Closed fork servers whose children still run: kept until they exit."""
 _SERVERS_LOCK = threading.Lock()
 
 
 def fork_server(python: str, preload: Sequence[str], env: Mapping[str, str]) -> ForkServer:
-    """This process's fork server for ``python`` with ``preload`` imported, started on first
-    use with ``env`` (less ``NEMO_GYM_*``), a new one after a fork or if it has ended."""
-    key = (python, tuple(preload))
+    """This process's fork server for ``python`` with ``preload`` imported under ``env``'s
+    `shared_env`, started on first use, a new one after a fork or if it has ended. The
+    least recently used beyond `MAX_FORK_SERVERS` is closed (each holds its imports)."""
+    key = (python, tuple(preload), shared_env(env))
     with _SERVERS_LOCK:
-        server = _SERVERS.get(key)
+        _RETIRED[:] = [s for s in _RETIRED if s._process.poll() is None]
+        server = _SERVERS.pop(key, None)
         if server is None or not server.alive or server.owner != os.getpid():
-            if server is not None and server.owner == os.getpid():
-                server.close()
-            server = _SERVERS[key] = ForkServer(python, preload, env)
+            if server is not None:
+                _retire(server)
+            server = ForkServer(python, preload, key[2])
+        _SERVERS[key] = server  # the most recently used last
+        while len(_SERVERS) > MAX_FORK_SERVERS:
+            _retire(_SERVERS.pop(next(iter(_SERVERS))))
         return server
+
+
+def _retire(server: ForkServer) -> None:
+    """Close ``server`` without waiting (if it is this process's); keep it until it exits."""
+    if server.owner == os.getpid():
+        server.close(wait=0.0)
+        _RETIRED.append(server)
 
 
 def _close_servers() -> None:
     with _SERVERS_LOCK:
-        servers = [s for s in _SERVERS.values() if s.owner == os.getpid()]
+        servers = [s for s in [*_SERVERS.values(), *_RETIRED] if s.owner == os.getpid()]
         _SERVERS.clear()
+        _RETIRED.clear()
     for server in servers:
         server.close()
 

@@ -31,6 +31,7 @@ def start_server(
     health_url: str,
     ready_timeout: float,
     grace: float = 5.0,
+    preload: Sequence[str] = (),
 ) -> ServerProcess:
     """Start ``argv`` (see ``spawn``) and wait until ``health_url`` answers 2xx.
 
@@ -43,6 +44,7 @@ def start_server(
         health_url: polled until it answers 2xx.
         ready_timeout: seconds to wait for that answer.
         grace: seconds between SIGTERM and SIGKILL when it must be stopped.
+        preload: modules to import once in a fork server and fork it from (see ``spawn``).
 
     Raises ``ServerStartError`` (the log's tail included) if it exits, ``ServerNotReadyError``
     if it does not answer in time. Whatever interrupts the wait (those, a
@@ -55,6 +57,7 @@ def start_server(
         env=env if env is not None else os.environ,
         log_path=log_path,
         health_url=health_url,
+        preload=preload,
     )
     with stopping_on_error(process, grace=grace):
         wait_ready([process], ready_timeout)

@@ -38,7 +38,11 @@ from nemogym_sdk.processes import (
 if TYPE_CHECKING:
     from nemogym_sdk.gym.specs import PolicyModel
 
-__all__ = ["BackendProcess", "start_serve"]
+__all__ = ["SERVE_PRELOAD", "BackendProcess", "start_serve"]
+
+SERVE_PRELOAD = ("torch", "transformers", "peft", "nemogym_sdk.serve.app")
+"""What a ``nemogym_sdk.serve`` sampler imports before it loads its model (~4 s of CPU):
+imported once per fork server, when samplers are started with ``fork=True``."""
 
 
 @attrs.define(kw_only=True, eq=False)
@@ -92,6 +96,7 @@ def start_serve(
     log_path: str | os.PathLike[str] | None = None,
     ready_timeout: float = 120.0,
     port: int | None = None,
+    fork: bool = False,
 ) -> BackendProcess:
     """Start ``python -m nemogym_sdk.serve`` on a free loopback port and wait until it answers.
 
@@ -107,6 +112,11 @@ def start_serve(
         ready_timeout: seconds to wait for ``/health``.
         port: the loopback port to serve on (one chosen beforehand, so that its URL can be
             handed out before it answers); default a free one.
+        fork: fork it from this process's fork server for the interpreter, which imported
+            torch, transformers and peft once (``SERVE_PRELOAD``, ~4 s of CPU a start
+            otherwise): worth it where one process starts several samplers (replicas, a
+            test session). Not for ``--backend vllm``, which imports none of them;
+            ``NEMOGYM_FORK_SERVERS=0`` overrides it (see `nemogym_sdk.processes.forkserver`).
 
     The server's torch threads wait passively (``OMP_WAIT_POLICY=PASSIVE`` unless this
     process's environment sets it): it shares the machine's cores with a learner, and threads
@@ -131,11 +141,20 @@ def start_serve(
         health_url=f"http://{LOOPBACK}:{port}/health",
         ready_timeout=ready_timeout,
         env={"OMP_WAIT_POLICY": "PASSIVE", **os.environ},  # it shares the cores with a learner
+        preload=SERVE_PRELOAD if fork and not _vllm_backend(extra_args) else (),
     )
     base_url = f"http://{LOOPBACK}:{port}/v1"
     with stopping_on_error(process):
         served = served_model_name or _base_model_name(base_url)
     return BackendProcess(process=process, base_url=base_url, served_model_name=served)
+
+
+def _vllm_backend(args: Sequence[str]) -> bool:
+    """Whether ``args`` choose ``--backend vllm`` (the proxy: no model of its own)."""
+    args = list(args)
+    return "--backend=vllm" in args or any(
+        a == "--backend" and args[i + 1 : i + 2] == ["vllm"] for i, a in enumerate(args)
+    )
 
 
 def _base_model_name(base_url: str) -> str:

@@ -146,6 +146,7 @@ def start_samplers(
                 max_lora_rank,
                 dtype,
                 [arg.replace("{replica}", str(i)) for arg in replica_args],
+                fork=count > 1,
             ),
         )
         for replica in replicas:
@@ -228,6 +229,8 @@ def _replica(
     max_lora_rank: int,
     dtype: str,
     extra_args: Sequence[str],
+    *,
+    fork: bool,
 ) -> BackendProcess:
     if backend == "vllm":
         from nemogym_sdk.samplers.vllm import start_vllm
@@ -249,4 +252,5 @@ def _replica(
         seed=seed + index,
         extra_args=list(extra_args),
         log_path=log_path,
+        fork=fork,  # several replicas: torch and transformers imported once for all
     )

@@ -339,8 +339,10 @@ def refusing_run(
     tmp_path = tmp_path_factory.mktemp("refusing")
     model_dir = cluster["model_dir"]
     with (
-        start_serve(model=str(model_dir), seed=0, log_path=tmp_path / "r0.log") as first,
-        start_serve(model=str(model_dir), seed=1, log_path=tmp_path / "r1.log") as second,
+        start_serve(model=str(model_dir), seed=0, log_path=tmp_path / "r0.log", fork=True) as first,
+        start_serve(
+            model=str(model_dir), seed=1, log_path=tmp_path / "r1.log", fork=True
+        ) as second,
     ):
         refusing = RefusingReplica(second.base_url)
         refusing.refusals = dict(REFUSALS)

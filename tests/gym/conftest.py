@@ -71,7 +71,9 @@ def backend(gym_venv: GymVenv, tmp_path_factory: pytest.TempPathFactory) -> Iter
         )
         return
     log_path = tmp_path_factory.mktemp("backend") / "serve.log"
-    with start_serve(mode="scripted", logprobs_mode="raw_logprobs", log_path=log_path) as served:
+    with start_serve(
+        mode="scripted", logprobs_mode="raw_logprobs", log_path=log_path, fork=True
+    ) as served:
         yield served.policy_model()
 
 
@@ -88,6 +90,7 @@ def toy_deployment(
         seed=0,
         extra_args=sampler_args(),
         log_path=root / "serve.log",
+        fork=True,
     ) as sampler:
         policy = sampler.policy_model("policy")  # the trainer's adapter name
         stack = GymStack(

@@ -233,6 +233,7 @@ def _scripted(tmp: pytest.TempPathFactory, name: str, answer: str) -> BackendPro
         served_model_name=name,
         extra_args=["--scripted-answer", answer, "--record", str(directory / "record.jsonl")],
         log_path=directory / "serve.log",
+        fork=True,
     )
 
 

@@ -35,7 +35,7 @@ def test_every_turn_records_the_version_that_served_it(gym_venv: object, tmp_pat
     model = tiny_lora()
     with (
         start_serve(
-            mode="sample", seed=0, extra_args=extra, log_path=tmp_path / "serve.log"
+            mode="sample", seed=0, extra_args=extra, log_path=tmp_path / "serve.log", fork=True
         ) as sampler,
         GymStack(
             ["target_chars"], sampler.policy_model("policy"), workdir=tmp_path / "gym"

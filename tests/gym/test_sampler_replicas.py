@@ -176,8 +176,10 @@ def faulty(model_dir: Path, tmp_path: Path) -> Iterator[tuple[Any, Any, Refusing
     from nemogym_sdk.gym import start_router, start_serve
 
     with (
-        start_serve(model=str(model_dir), seed=0, log_path=tmp_path / "r0.log") as first,
-        start_serve(model=str(model_dir), seed=1, log_path=tmp_path / "r1.log") as second,
+        start_serve(model=str(model_dir), seed=0, log_path=tmp_path / "r0.log", fork=True) as first,
+        start_serve(
+            model=str(model_dir), seed=1, log_path=tmp_path / "r1.log", fork=True
+        ) as second,
     ):
         refusing = RefusingReplica(second.base_url)
         with serve(refusing.routes) as wrapped:
