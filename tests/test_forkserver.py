@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -248,5 +249,7 @@ def test_a_fork_server_that_cannot_start_is_a_server_start_error(tmp_path: Path)
     broken = tmp_path / "python"
     broken.write_text("#!/bin/sh\necho 'no such interpreter here' >&2\nexit 3\n")
     broken.chmod(0o755)
-    with pytest.raises(ForkServerError, match="no such interpreter here"):
+    with pytest.raises(ForkServerError, match="no such interpreter here") as failed:
         fork_server(str(broken), ("json",), _env())
+    again = pickle.loads(pickle.dumps(failed.value))  # errors cross process boundaries
+    assert type(again) is ForkServerError and str(again) == str(failed.value)

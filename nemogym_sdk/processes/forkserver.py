@@ -96,6 +96,11 @@ class ForkServerError(ServerStartError):
 
     def __init__(self, python: str, what: str) -> None:
         super().__init__(f"fork server {python}", None, None, what)
+        self.python = python
+        self.what = what
+
+    def __reduce__(self) -> tuple[type[ServerStartError], tuple[object, ...]]:
+        return (type(self), (self.python, self.what))
 
 
 class ForkedChild:
