@@ -61,7 +61,8 @@ def _run_main(script: str) -> None:
 
 
 def _child(request: dict[str, Any]) -> int:
-    """In the forked child: become ``python [-P] script args`` and run it; its exit code."""
+    """In the forked child: become ``python [-P] script args`` (``python -m module args``)
+    and run it; its exit code."""
     os.setsid()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
@@ -84,9 +85,9 @@ def _child(request: dict[str, Any]) -> int:
     os.environ.clear()
     os.environ.update(env)
     sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
-    script = os.path.abspath(argv[0])
+    script = os.path.abspath(argv[0]) if module is None else ""
     extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    first = os.getcwd() if module is not None else os.path.dirname(script)
+    first = os.path.dirname(script) if module is None else os.getcwd()
     sys.path[:] = ([] if safe_path else [first]) + extra + _BASE_PATH
     sys.argv = argv  # argv[0] as given, as the interpreter leaves it
     if "numpy" in sys.modules:  # each child draws its own numbers, as a new process would

@@ -197,7 +197,8 @@ class ForkServer:
     def fork(
         self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log_path: Path
     ) -> ForkedChild:
-        """Fork ``argv`` (``python [-P] script args``; see `forkable`) in ``cwd``, with
+        """Fork ``argv`` (``python [-P] script args`` or ``python -m module args``; see
+        `forkable`) in ``cwd``, with
         ``env`` as its whole environment, stdout and stderr appended to ``log_path``."""
         request = {"argv": list(argv), "cwd": str(cwd), "env": dict(env), "log": str(log_path)}
         stdin = self._process.stdin

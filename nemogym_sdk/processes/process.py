@@ -204,9 +204,10 @@ def spawn(
 ) -> ServerProcess:
     """Start ``argv`` in ``cwd`` as a new session, stdout and stderr appended to ``log_path``.
 
-    With ``preload`` (modules) and ``argv`` of the form ``python [-P] script [args]``, it is
-    forked from this process's fork server for that interpreter, which imported them once
-    (`nemogym_sdk.processes.forkserver`; ``NEMOGYM_FORK_SERVERS=0`` turns that off).
+    With ``preload`` (modules) and ``argv`` of the form ``python [-P] script [args]`` or
+    ``python -m module [args]``, it is forked from this process's fork server for that
+    interpreter, which imported them once (`nemogym_sdk.processes.forkserver`;
+    ``NEMOGYM_FORK_SERVERS=0`` turns that off).
 
     The watchdog (``nemogym_sdk.processes.watchdog``) stops its group if this process dies
     without stopping it: SIGTERM, then SIGKILL 5 s later (``watch`` again to change that).

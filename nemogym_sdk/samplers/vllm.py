@@ -64,7 +64,8 @@ VLLM_ENV = {
 }
 """Set in the server's environment: runtime LoRA routes on, no telemetry, no hub access."""
 
-EXECUTOR_FLAG = "--distributed-executor-backend"
+_EXECUTOR_FLAG = "--distributed-executor-backend"
+"""vLLM's flag naming the executor: given in ``extra_args``, the caller's choice stands."""
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -183,9 +184,9 @@ def start_vllm(
     argv += list(extra_args)
     env = {**os.environ, **VLLM_ENV}
     if worker_in_engine is None:
-        worker_in_engine = found.cpu_build and EXECUTOR_FLAG not in extra_args
+        worker_in_engine = found.cpu_build and _EXECUTOR_FLAG not in extra_args
     if worker_in_engine:
-        argv += [EXECUTOR_FLAG, "uni"]
+        argv += [_EXECUTOR_FLAG, "uni"]
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     env.pop("PYTHONPATH", None)  # the SDK's path must not shadow the venv's packages
     process = start_server(
