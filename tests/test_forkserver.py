@@ -148,6 +148,43 @@ def test_a_crash_is_a_traceback_and_exit_1_and_a_signal_is_a_negative_code(
     assert sleeper.stopped and sleeper.popen.poll() == -signal.SIGTERM
 
 
+SIGNALS = textwrap.dedent(
+    """
+    import json, signal, sys
+    names = {signal.SIG_DFL: "default", signal.SIG_IGN: "ignored"}
+    def disposition(sig):
+        handler = signal.getsignal(sig)
+        return names.get(handler, getattr(handler, "__name__", repr(handler)))
+    print(json.dumps({s.name: disposition(s) for s in (
+        signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGCHLD, signal.SIGHUP
+    )}))
+    print("to stderr", file=sys.stderr)
+    """
+)
+
+
+def test_a_forked_child_starts_with_a_new_interpreters_signal_handlers_and_its_own_stderr(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C raises KeyboardInterrupt and a closed pipe BrokenPipeError in a forked child
+    as in ``python script`` (the fork server itself ignores SIGINT); stderr can go to a file
+    of its own."""
+    (tmp_path / "signals.py").write_text(SIGNALS)
+    fresh = subprocess.run(
+        [sys.executable, "signals.py"], cwd=tmp_path, capture_output=True, text=True, timeout=30
+    )
+    server = fork_server(sys.executable, ("json",), _env())
+    out, err = tmp_path / "out.log", tmp_path / "err.log"
+    child = server.fork(
+        [sys.executable, "signals.py"], cwd=tmp_path, env=_env(), log_path=out, stderr_path=err
+    )
+    assert child.wait(timeout=30) == 0
+    forked = json.loads(out.read_text())
+    assert forked == json.loads(fresh.stdout)
+    assert forked["SIGINT"] == "default_int_handler" and forked["SIGPIPE"] == "ignored"
+    assert err.read_text() == fresh.stderr == "to stderr\n"
+
+
 def test_without_fork_servers_a_server_is_a_new_interpreter(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

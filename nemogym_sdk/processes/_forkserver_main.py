@@ -4,12 +4,14 @@
 It imports the modules it is given once (NeMo Gym's server bases take ~2.5 s of CPU to
 import, at every server start otherwise), then reads one JSON request per line on stdin::
 
-    {"argv": [python, ["-P"], script, *args], "cwd": ..., "env": {...}, "log": path}
+    {"argv": [python, ["-P"], script, *args], "cwd": ..., "env": {...}, "log": path,
+     "err": path (optional)}
 
 (or ``[python, "-m", module, *args]``) and forks a child that runs ``script`` (or
 ``module``) as ``__main__``, as ``python [-P] script args`` (``python -m module args``)
-would: a session of its own, stdin from /dev/null, stdout and stderr appended to ``log``,
-``cwd`` its directory, ``env`` its whole environment (``PYTHONPATH`` put on ``sys.path``).
+would: a session of its own, stdin from /dev/null, stdout appended to ``log`` and stderr
+to ``err`` (``log`` without it), ``cwd`` its directory, ``env`` its whole environment
+(``PYTHONPATH`` put on ``sys.path``), the signal handlers a new interpreter starts with.
 It answers ``{"pid": n}`` (or ``{"error": ...}``) once the child leads its session, and
 ``{"exit": pid, "code": c}`` when a child ends (``c`` as ``subprocess`` reports it:
 negative for a signal). When its stdin closes it forks no more, and exits once every child
@@ -64,7 +66,10 @@ def _child(request: dict[str, Any]) -> int:
     """In the forked child: become ``python [-P] script args`` (``python -m module args``)
     and run it; its exit code."""
     os.setsid()
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGCHLD):
+    # What the interpreter installs at start: Ctrl-C raises KeyboardInterrupt, a closed pipe
+    # raises BrokenPipeError (SIGPIPE ignored, as this process has it); the rest default.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGTERM, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     argv = list(request["argv"][1:])
     module = argv[1] if argv[0] == "-m" else None
@@ -74,12 +79,14 @@ def _child(request: dict[str, Any]) -> int:
     elif safe_path:
         argv = argv[1:]
     null = os.open(os.devnull, os.O_RDONLY)
-    log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    log = os.open(request["log"], flags, 0o644)
+    err = os.open(request["err"], flags, 0o644) if request.get("err") else log
     os.dup2(null, 0)
     os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(null)
-    os.close(log)
+    os.dup2(err, 2)
+    for fd in {null, log, err}:
+        os.close(fd)
     os.chdir(request["cwd"])
     env = request["env"]
     os.environ.clear()

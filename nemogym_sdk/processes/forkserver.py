@@ -195,12 +195,20 @@ class ForkServer:
         return reply
 
     def fork(
-        self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log_path: Path
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: Path,
+        env: Mapping[str, str],
+        log_path: Path,
+        stderr_path: Path | None = None,
     ) -> ForkedChild:
         """Fork ``argv`` (``python [-P] script args`` or ``python -m module args``; see
-        `forkable`) in ``cwd``, with
-        ``env`` as its whole environment, stdout and stderr appended to ``log_path``."""
+        `forkable`) in ``cwd``, with ``env`` as its whole environment, stdout appended to
+        ``log_path`` and stderr to ``stderr_path`` (to ``log_path`` without one)."""
         request = {"argv": list(argv), "cwd": str(cwd), "env": dict(env), "log": str(log_path)}
+        if stderr_path is not None:
+            request["err"] = str(stderr_path)
         stdin = self._process.stdin
         assert stdin is not None
         with self._lock:

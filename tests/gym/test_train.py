@@ -13,7 +13,6 @@ weights and processed distribution on both sides; only the summation order diffe
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import pytest
 
 from nemogym_sdk.processes import free_loopback_ports
 from nemogym_sdk.train.config import TrainConfig, resolve_device
+from tests import trainers
 
 from .deployment import ToyDeployment
 
@@ -39,9 +39,7 @@ AUTO_DEVICE = resolve_device(TrainConfig())
 
 
 def train(out: Path, *flags: str, expect: int = 0) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "nemogym_sdk.train", "--out", str(out), *flags]
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    done = trainers.run("--out", str(out), *flags)
     assert done.returncode == expect, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 
@@ -123,8 +121,9 @@ def torchrun(out: Path, *flags: str) -> None:
     (port,) = free_loopback_ports(1)
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
     argv += ["--master_port", str(port), "-m", "nemogym_sdk.train", "--out", str(out), *flags]
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        argv, cwd=REPO, env=trainers.train_env(), capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 

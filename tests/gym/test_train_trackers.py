@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from nemogym_sdk.train.config import TRACKERS
+from tests import trainers
 from tests.test_train_trackers import (
     assert_same,
     expected_series,
@@ -32,12 +32,9 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),  # SQLAlchemy 2.1, in MLflow
 ]
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def train(out: Path, *flags: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "nemogym_sdk.train", "--out", str(out), *flags]
-    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    done = trainers.run("--out", str(out), *flags, env=env)  # its own environment
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 

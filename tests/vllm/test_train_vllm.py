@@ -13,19 +13,16 @@ learning rate moves the policy's logprobs by 0.6-0.9 on average (tests/gym/test_
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests import trainers
 from tests.require import absent
 
 pytestmark = [pytest.mark.gym, pytest.mark.slow, pytest.mark.vllm]
 
-REPO = Path(__file__).resolve().parents[2]
 MISMATCH_MAX = 1e-4
 
 
@@ -39,10 +36,8 @@ def run_demo(tmp_path: Path, *flags: str) -> tuple[Path, list[dict[str, Any]]]:
     except GymVenvNotFoundError as exc:
         absent(f"NeMo Gym venv absent: {exc}")
     out = tmp_path / "run"
-    argv = [sys.executable, "-m", "nemogym_sdk.train", "--config", "examples/demo.yaml"]
-    argv += ["--rows-per-step", "2", "--num-generations", "4", "--out", str(out), *flags]
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    argv = ("--config", "examples/demo.yaml", "--rows-per-step", "2", "--num-generations", "4")
+    done = trainers.run(*argv, "--out", str(out), *flags, timeout=900)
     logs = "".join(f"--- {p}\n{p.read_text()[-2000:]}\n" for p in out.glob("logs/*.log"))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:] + logs
     return out, [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
