@@ -11,6 +11,9 @@ dimension 32 so that vLLM's CPU attention kernels accept it too), deterministic 
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +35,7 @@ __all__ = [
     "byte_to_unicode",
     "save_tiny",
     "seeded_model",
+    "seeded_rng",
 ]
 
 TINY_MODEL_NAME = "nemogym-tiny"
@@ -145,14 +149,28 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def seeded_model(model_class: Any, config: Any, seed: int) -> Any:
-    """``model_class(config)`` with random weights drawn from ``seed`` (the global torch RNG
-    left untouched), its generation config's EOS, pad and BOS ids those of ``config``, in
-    eval mode."""
+_GLOBAL_RNG = threading.Lock()
+
+
+@contextlib.contextmanager
+def seeded_rng(seed: int, *, restore: bool = True) -> Iterator[None]:
+    """torch's global CPU RNG seeded with ``seed`` for the block, one such block at a time
+    in this process, and put back as it was after it (``restore=False``: left as the block
+    leaves it). The RNG is the process's: the trainer builds its policy on one thread while
+    another saves the model its sampler serves, and unlocked, each thread's draws would
+    come from the other's seed (seen: a sampler serving other weights than the learner's)."""
     import torch
 
-    with torch.random.fork_rng(devices=[]):
+    with _GLOBAL_RNG, torch.random.fork_rng(devices=[], enabled=restore):
         torch.manual_seed(seed)
+        yield
+
+
+def seeded_model(model_class: Any, config: Any, seed: int) -> Any:
+    """``model_class(config)`` with random weights drawn from ``seed`` (the global torch RNG
+    left untouched; `seeded_rng`), its generation config's EOS, pad and BOS ids those of
+    ``config``, in eval mode."""
+    with seeded_rng(seed):
         model = model_class(config)
     model.generation_config.eos_token_id = config.eos_token_id
     model.generation_config.pad_token_id = config.pad_token_id

@@ -91,6 +91,8 @@ def build_model(config: TrainConfig, device: str = "cpu") -> PeftModel:
     import torch
     from peft import LoraConfig, PeftModel, get_peft_model
 
+    from nemogym_sdk.serve.tiny import seeded_rng
+
     base: Any
     path = config.model_dir()
     if path is None:
@@ -101,14 +103,14 @@ def build_model(config: TrainConfig, device: str = "cpu") -> PeftModel:
         from transformers import AutoModelForCausalLM
 
         base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    torch.manual_seed(config.seed)  # peft draws LoRA's A from the global RNG: same on all ranks
     lora = LoraConfig(
         r=config.lora_rank,
         lora_alpha=2 * config.lora_rank,
         target_modules="all-linear",
         lora_dropout=0.0,  # dropout would make the learner's logprobs differ from the sampler's
     )
-    with warnings.catch_warnings():
+    # peft draws LoRA's A from the global RNG: seeded, the same on all ranks (left seeded)
+    with seeded_rng(config.seed, restore=False), warnings.catch_warnings():
         warnings.filterwarnings("ignore", ".*is_gradient_checkpointing", FutureWarning)
         dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
         policy = get_peft_model(base.to(device=device, dtype=dtype), lora)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +118,24 @@ def test_model_weights_are_deterministic_in_the_seed() -> None:
     assert all(torch.equal(a, b) for a, b in pairs)
     assert not torch.equal(first.lm_head.weight, other.lm_head.weight)
     assert first.config.head_dim == 32 and first.config.vocab_size == 260
+
+
+def test_models_built_on_threads_side_by_side_get_their_own_seeds_weights() -> None:
+    """The trainer builds its policy on one thread while another saves the sampler's model:
+    torch's RNG is the process's, so each build holds it (`seeded_rng`) and both get the
+    weights their seed gives alone. Unlocked, threads drew from each other's seeds."""
+    alone = {seed: build_tiny_model(seed).lm_head.weight for seed in (1, 2)}
+    start = threading.Barrier(4)
+
+    def build(seed: int) -> torch.Tensor:
+        start.wait()
+        return build_tiny_model(seed).lm_head.weight
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        for _ in range(3):
+            seeds = [1, 2, 1, 2]
+            built = list(pool.map(build, seeds))
+            assert all(torch.equal(w, alone[s]) for w, s in zip(built, seeds, strict=True))
 
 
 def test_saved_tiny_model_loads_by_path_with_identical_outputs(tmp_path: Path) -> None:
