@@ -166,23 +166,42 @@ SIGNALS = textwrap.dedent(
 def test_a_forked_child_starts_with_a_new_interpreters_signal_handlers_and_its_own_stderr(
     tmp_path: Path,
 ) -> None:
-    """Ctrl-C raises KeyboardInterrupt and a closed pipe BrokenPipeError in a forked child
-    as in ``python script`` (the fork server itself ignores SIGINT); stderr can go to a file
-    of its own."""
+    """A forked child's signal handlers are those of ``python script`` started by this
+    process (the fork server itself ignores SIGINT): SIGINT ignored where this process
+    ignores it, else KeyboardInterrupt; a closed pipe is BrokenPipeError. Its stderr can go
+    to a file of its own."""
     (tmp_path / "signals.py").write_text(SIGNALS)
-    fresh = subprocess.run(
-        [sys.executable, "signals.py"], cwd=tmp_path, capture_output=True, text=True, timeout=30
-    )
     server = fork_server(sys.executable, ("json",), _env())
-    out, err = tmp_path / "out.log", tmp_path / "err.log"
-    child = server.fork(
-        [sys.executable, "signals.py"], cwd=tmp_path, env=_env(), log_path=out, stderr_path=err
-    )
-    assert child.wait(timeout=30) == 0
-    forked = json.loads(out.read_text())
-    assert forked == json.loads(fresh.stdout)
-    assert forked["SIGINT"] == "default_int_handler" and forked["SIGPIPE"] == "ignored"
-    assert err.read_text() == fresh.stderr == "to stderr\n"
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        for sigint, expected in ((signal.SIG_IGN, "ignored"), (previous, None)):
+            signal.signal(signal.SIGINT, sigint)  # a pytest-xdist worker ignores SIGINT
+            fresh = subprocess.run(
+                [sys.executable, "signals.py"],
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            out, err = tmp_path / f"{expected}.out", tmp_path / f"{expected}.err"
+            child = server.fork(
+                [sys.executable, "signals.py"],
+                cwd=tmp_path,
+                env=_env(),
+                log_path=out,
+                stderr_path=err,
+            )
+            assert child.wait(timeout=30) == 0
+            forked = json.loads(out.read_text())
+            assert forked == json.loads(fresh.stdout)
+            assert forked["SIGPIPE"] == "ignored" and forked["SIGTERM"] == "default"
+            if expected is not None:
+                assert forked["SIGINT"] == expected
+            elif previous != signal.SIG_IGN:
+                assert forked["SIGINT"] == "default_int_handler"
+            assert err.read_text() == fresh.stderr == "to stderr\n"
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_without_fork_servers_a_server_is_a_new_interpreter(

@@ -5,13 +5,14 @@ It imports the modules it is given once (NeMo Gym's server bases take ~2.5 s of 
 import, at every server start otherwise), then reads one JSON request per line on stdin::
 
     {"argv": [python, ["-P"], script, *args], "cwd": ..., "env": {...}, "log": path,
-     "err": path (optional)}
+     "err": path (optional), "ignore": [signals the owner ignores] (optional)}
 
 (or ``[python, "-m", module, *args]``) and forks a child that runs ``script`` (or
 ``module``) as ``__main__``, as ``python [-P] script args`` (``python -m module args``)
 would: a session of its own, stdin from /dev/null, stdout appended to ``log`` and stderr
 to ``err`` (``log`` without it), ``cwd`` its directory, ``env`` its whole environment
-(``PYTHONPATH`` put on ``sys.path``), the signal handlers a new interpreter starts with.
+(``PYTHONPATH`` put on ``sys.path``), the signal handlers a new interpreter started by the
+owner starts with.
 It answers ``{"pid": n}`` (or ``{"error": ...}``) once the child leads its session, and
 ``{"exit": pid, "code": c}`` when a child ends (``c`` as ``subprocess`` reports it:
 negative for a signal). When its stdin closes it forks no more, and exits once every child
@@ -38,6 +39,8 @@ import types
 from typing import Any
 
 _BASE_PATH = list(sys.path[1:])  # sys.path[0] is this file's directory
+_INHERITED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+"""Signals a child ignores when its owner does (the request's ``ignore``)."""
 
 
 def _reply(message: dict[str, Any]) -> None:
@@ -66,11 +69,17 @@ def _child(request: dict[str, Any]) -> int:
     """In the forked child: become ``python [-P] script args`` (``python -m module args``)
     and run it; its exit code."""
     os.setsid()
-    # What the interpreter installs at start: Ctrl-C raises KeyboardInterrupt, a closed pipe
-    # raises BrokenPipeError (SIGPIPE ignored, as this process has it); the rest default.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    for sig in (signal.SIGTERM, signal.SIGCHLD):
-        signal.signal(sig, signal.SIG_DFL)
+    # What a new interpreter started by the owner would have: the signals the owner ignores
+    # stay ignored (exec keeps SIG_IGN); otherwise Ctrl-C raises KeyboardInterrupt and the
+    # rest default. A closed pipe raises BrokenPipeError (SIGPIPE ignored, as here).
+    ignored = set(request.get("ignore", ()))
+    for sig in (*_INHERITED, signal.SIGCHLD):
+        if sig in ignored:
+            signal.signal(sig, signal.SIG_IGN)
+        elif sig == signal.SIGINT:
+            signal.signal(sig, signal.default_int_handler)
+        else:
+            signal.signal(sig, signal.SIG_DFL)
     argv = list(request["argv"][1:])
     module = argv[1] if argv[0] == "-m" else None
     safe_path = argv[0] == "-P"

@@ -28,6 +28,7 @@ import contextlib
 import json
 import os
 import queue
+import signal
 import subprocess
 import tempfile
 import threading
@@ -57,6 +58,8 @@ _MAIN = Path(__file__).with_name("_forkserver_main.py")
 _REPLY_TIMEOUT_S = 60.0
 """How long a fork server may take to preload, or to answer a fork request."""
 _POLL_S = 0.05
+_INHERITED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+"""Signals a child ignores when this process does (``exec`` keeps them ignored)."""
 MAX_FORK_SERVERS = 3
 """Fork servers one process keeps (each holds ~250 MB of imports for NeMo Gym)."""
 
@@ -205,8 +208,16 @@ class ForkServer:
     ) -> ForkedChild:
         """Fork ``argv`` (``python [-P] script args`` or ``python -m module args``; see
         `forkable`) in ``cwd``, with ``env`` as its whole environment, stdout appended to
-        ``log_path`` and stderr to ``stderr_path`` (to ``log_path`` without one)."""
-        request = {"argv": list(argv), "cwd": str(cwd), "env": dict(env), "log": str(log_path)}
+        ``log_path`` and stderr to ``stderr_path`` (to ``log_path`` without one). It ignores
+        the signals of `_INHERITED` that this process ignores now, as a child it started
+        itself would."""
+        request: dict[str, object] = {
+            "argv": list(argv),
+            "cwd": str(cwd),
+            "env": dict(env),
+            "log": str(log_path),
+            "ignore": [int(s) for s in _INHERITED if signal.getsignal(s) == signal.SIG_IGN],
+        }
         if stderr_path is not None:
             request["err"] = str(stderr_path)
         stdin = self._process.stdin
