@@ -24,7 +24,7 @@ import pytest
 
 from nemogym_sdk.processes import free_loopback_ports
 from nemogym_sdk.train.config import TrainConfig, resolve_device
-from tests import trainers
+from tests import warm
 
 from .deployment import ToyDeployment
 
@@ -39,7 +39,7 @@ AUTO_DEVICE = resolve_device(TrainConfig())
 
 
 def train(out: Path, *flags: str, expect: int = 0) -> subprocess.CompletedProcess[str]:
-    done = trainers.run("--out", str(out), *flags)
+    done = warm.run(warm.train_argv("--out", str(out), *flags))
     assert done.returncode == expect, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 
@@ -122,7 +122,7 @@ def torchrun(out: Path, *flags: str) -> None:
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
     argv += ["--master_port", str(port), "-m", "nemogym_sdk.train", "--out", str(out), *flags]
     done = subprocess.run(
-        argv, cwd=REPO, env=trainers.train_env(), capture_output=True, text=True, timeout=600
+        argv, cwd=REPO, env=warm.run_env(), capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 

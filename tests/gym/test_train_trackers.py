@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from nemogym_sdk.train.config import TRACKERS
-from tests import trainers
+from tests import warm
 from tests.test_train_trackers import (
     assert_same,
     expected_series,
@@ -34,7 +34,7 @@ pytestmark = [
 
 
 def train(out: Path, *flags: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    done = trainers.run("--out", str(out), *flags, env=env)  # its own environment
+    done = warm.run(warm.train_argv("--out", str(out), *flags), env=env)  # a new process
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 

@@ -17,13 +17,13 @@ an adapter one version stale would miss the bound by four orders of magnitude.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests import warm
 
 pytestmark = [pytest.mark.gym, pytest.mark.slow]
 
@@ -35,8 +35,7 @@ MISMATCH_MEAN = 1e-5
 
 def run_example(argv: list[str], out: Path, timeout: float) -> None:
     """Run the example; on failure show the end of its output and the server logs."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    done = warm.run(argv, timeout=timeout)
     if done.returncode != 0:
         logs = "\n".join(
             f"--- {p}\n{p.read_text()[-2000:]}" for p in sorted(out.glob("**/*.log"))[:6]

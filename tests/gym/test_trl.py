@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -21,6 +19,7 @@ from typing import Any
 import pytest
 
 from nemogym_sdk.gym import SDK_ENVS_DIR
+from tests import warm
 from tests.require import absent
 
 pytest.importorskip("trl")
@@ -184,8 +183,7 @@ def test_example_script_runs(gym_venv: object, tmp_path: Path) -> None:
     served, every rollout OK, summary written."""
     out = tmp_path / "run"
     argv = [sys.executable, str(EXAMPLE), "--steps", "2", "--out", str(out)]
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    done = warm.run(argv)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["global_step"] == 2

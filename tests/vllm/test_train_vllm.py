@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests import trainers
+from tests import warm
 from tests.require import absent
 
 pytestmark = [pytest.mark.gym, pytest.mark.slow, pytest.mark.vllm]
@@ -37,7 +37,7 @@ def run_demo(tmp_path: Path, *flags: str) -> tuple[Path, list[dict[str, Any]]]:
         absent(f"NeMo Gym venv absent: {exc}")
     out = tmp_path / "run"
     argv = ("--config", "examples/demo.yaml", "--rows-per-step", "2", "--num-generations", "4")
-    done = trainers.run(*argv, "--out", str(out), *flags, timeout=900)
+    done = warm.run(warm.train_argv(*argv, "--out", str(out), *flags), timeout=900)
     logs = "".join(f"--- {p}\n{p.read_text()[-2000:]}\n" for p in out.glob("logs/*.log"))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:] + logs
     return out, [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
