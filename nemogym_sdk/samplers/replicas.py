@@ -119,6 +119,8 @@ def start_samplers(
         proxy_port: the proxy's loopback port, chosen beforehand so that its URL can be
             handed out before it answers (default a free one).
 
+    Several replicas are forked from one fork server each kind (torch, transformers and
+    peft, or vLLM's API server, imported once: ``nemogym_sdk.processes.forkserver``).
     Everything started is stopped again if a later start fails.
     """
     if count < 1:
@@ -244,6 +246,7 @@ def _replica(
             seed=seed + index,
             extra_args=["--logprobs-mode", logprobs_mode, *extra_args],
             log_path=log_path,
+            fork=fork,
         )
     return start_serve(
         mode="sample",

@@ -132,6 +132,7 @@ def start_vllm(
     log_path: str | os.PathLike[str] | None = None,
     ready_timeout: float = 180.0,
     worker_in_engine: bool | None = None,
+    fork: bool = False,
 ) -> BackendProcess:
     """Start vLLM's OpenAI-compatible server on a free loopback port, runtime LoRA enabled.
 
@@ -159,6 +160,10 @@ def start_vllm(
             and the CPU build's own worker process pins itself to core 0 whichever server
             it belongs to, so two servers on one machine shared one core (128 requests
             took 20.5 s there, 10.0 s in the engine process).
+        fork: fork the API server from a fork server that has imported it once in this
+            process (``nemogym_sdk.processes.forkserver``; ~8 CPU-s a start), for a
+            process that starts several, one after another. Its EngineCore is a process of
+            its own either way (vLLM's CPU build spawns it, importing vLLM again).
 
     Raises ``VllmVenvNotFoundError`` without a vLLM venv, ``ServerStartError`` (the log's
     tail included) if the server exits, ``ServerNotReadyError`` if it does not answer in
@@ -197,6 +202,7 @@ def start_vllm(
         health_url=f"http://{LOOPBACK}:{port}/v1/models",
         ready_timeout=ready_timeout,
         grace=10.0,
+        preload=(VLLM_SERVER_MODULE,) if fork else (),
     )
     return BackendProcess(
         process=process,

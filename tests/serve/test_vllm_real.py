@@ -69,6 +69,7 @@ def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BackendProc
         venv=venv,
         extra_args=("--logprobs-mode", LOGPROBS_MODE),
         log_path=log,
+        fork=True,
     ) as server:
         yield server, model_dir
 

@@ -87,6 +87,7 @@ def vllm_backend(
         seed=MODEL_SEED,
         extra_args=VLLM_TEST_ARGS,
         log_path=log_path,
+        fork=True,  # forked with the worker's other vLLM servers (one at a time)
     )
     try:
         yield backend

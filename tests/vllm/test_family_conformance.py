@@ -270,6 +270,7 @@ def test_a_family_through_real_vllm_and_nemo_gym(
             venv=vllm_venv,
             extra_args=vllm_args,
             log_path=tmp_path / "v.log",
+            fork=True,
         ) as vllm:
             with start_proxy(
                 vllm.base_url, model_dir, extra_args=proxy_args, log_path=tmp_path / "p.log"
