@@ -20,6 +20,8 @@ from nemogym_sdk.gym import (
     start_vllm,
 )
 from nemogym_sdk.processes import group_alive
+from nemogym_sdk.processes.forkserver import fork_servers_enabled
+from nemogym_sdk.samplers.vllm import VLLM_SERVER_MODULE
 
 from .conftest import MODEL_SEED, SERVED_NAME, group_pids, pid_alive
 
@@ -140,7 +142,8 @@ def test_the_server_is_one_process_group_with_runtime_lora(vllm_backend: Backend
     process group, the group ``stop()`` ends: the ``vllm_backend`` fixture checks, when the
     session ends, that stopping it left none of them behind. The server was started with
     runtime LoRA on, and on the CPU build the model runs in the EngineCore process, not in a
-    worker process pinned to core 0."""
+    worker process pinned to core 0. Its API server was forked (``start_vllm(fork=True)``)
+    from a fork server that imported it, and leads its group all the same."""
     pids = group_pids(vllm_backend.pid)
     assert vllm_backend.pid in pids and len(pids) >= 3, pids
     assert all(os.getpgid(pid) == vllm_backend.pid for pid in pids)
@@ -148,6 +151,8 @@ def test_the_server_is_one_process_group_with_runtime_lora(vllm_backend: Backend
     assert group_alive(vllm_backend.pid)
     log = vllm_backend.log_path.read_text()
     assert "--enable-lora" in log
+    if fork_servers_enabled():  # NEMOGYM_FORK_SERVERS=0: a new interpreter
+        assert f"(forked, {VLLM_SERVER_MODULE} imported)" in log.splitlines()[0]
     if find_vllm_venv().cpu_build:
         assert "(EngineCore pid=" in log and "Starting to load model" in log
         assert "(Worker pid=" not in log and "OpenMP thread binding" not in log
