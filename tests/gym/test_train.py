@@ -117,13 +117,12 @@ def test_prefetch_plays_the_next_step_during_training(
 
 
 def torchrun(out: Path, *flags: str) -> None:
-    """``torchrun --nproc_per_node=2 -m nemogym_sdk.train``, which must exit 0."""
+    """``torchrun --nproc_per_node=2 -m nemogym_sdk.train``, which must exit 0 (torchrun
+    forked; its ranks are new interpreters, as torchrun starts them)."""
     (port,) = free_loopback_ports(1)
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
     argv += ["--master_port", str(port), "-m", "nemogym_sdk.train", "--out", str(out), *flags]
-    done = subprocess.run(
-        argv, cwd=REPO, env=warm.run_env(), capture_output=True, text=True, timeout=600
-    )
+    done = warm.run(argv)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
