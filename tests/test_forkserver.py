@@ -265,16 +265,21 @@ def test_a_module_runs_as_python_dash_m_would(tmp_path: Path) -> None:
 
 def test_a_child_is_forked_only_under_its_own_environment() -> None:
     """The preloaded modules were imported under the child's environment: another value of
-    any variable gets a fork server of its own, except the ones each server of a stack has
-    its own of (``PYTHONPATH``, ``NEMO_GYM_*``), which are read when a server runs."""
+    any variable gets a fork server of its own, except the ones each server has its own of
+    (``PYTHONPATH``, ``NEMO_GYM_*``, pytest's ``PYTEST_CURRENT_TEST``), which are read when
+    a server runs."""
     env = _env()
     first = fork_server(sys.executable, ("json",), env)
     same = fork_server(
-        sys.executable, ("json",), {**env, "PYTHONPATH": "/x", "NEMO_GYM_CONFIG_PATH": "a"}
+        sys.executable,
+        ("json",),
+        {**env, "PYTHONPATH": "/x", "NEMO_GYM_CONFIG_PATH": "a", "PYTEST_CURRENT_TEST": "t"},
     )
     other = fork_server(sys.executable, ("json",), {**env, "OMP_NUM_THREADS": "7"})
     assert same is first and other is not first
-    assert shared_env({"PYTHONPATH": "/x", "NEMO_GYM_X": "1", "A": "1"}) == (("A", "1"),)
+    assert shared_env(
+        {"PYTHONPATH": "/x", "NEMO_GYM_X": "1", "PYTEST_CURRENT_TEST": "t", "A": "1"}
+    ) == (("A", "1"),)
 
 
 def test_a_process_keeps_a_few_fork_servers_and_closes_the_least_recently_used(

@@ -43,8 +43,6 @@ TRAIN_PRELOAD = (
 )
 """What ``nemogym-train`` imports before its first step (``python -X importtime``: ~4.5 s
 of 5), and most of what the examples do."""
-_PER_TEST = ("PYTEST_CURRENT_TEST",)
-"""Variables pytest changes from test to test: not part of the fork server's key."""
 
 
 def run_env() -> dict[str, str]:
@@ -69,8 +67,7 @@ class Run:
         self._child: ForkedChild | subprocess.Popen[bytes]
         if env is None and self._forkable():
             env = run_env()
-            key = {k: v for k, v in env.items() if k not in _PER_TEST}
-            server = fork_server(sys.executable, TRAIN_PRELOAD, key)
+            server = fork_server(sys.executable, TRAIN_PRELOAD, env)
             self._child = server.fork(
                 self.args, cwd=cwd, env=env, log_path=self._out, stderr_path=self._err
             )

@@ -13,11 +13,11 @@ launcher starts them).
 
 One fork server per interpreter, preload list and environment per process (`shared_env`:
 the preloaded modules were imported under the child's own environment, but for
-``PYTHONPATH`` and ``NEMO_GYM_*``), started on first use; it forks no more once this
-process exits (its stdin closes, this process's death included) and exits when the
-servers it forked have ended. They are stopped as any other (their process groups, the
-watchdog). Its children are not this process's: `ForkedChild` gives what a
-``subprocess.Popen`` would (``pid``, ``poll``, ``wait``, ``returncode``) from the exit
+``PYTHONPATH``, ``NEMO_GYM_*`` and pytest's ``PYTEST_CURRENT_TEST``), started on first use;
+it forks no more once this process exits (its stdin closes, this process's death included)
+and exits when the servers it forked have ended. They are stopped as any other (their
+process groups, the watchdog). Its children are not this process's: `ForkedChild` gives
+what a ``subprocess.Popen`` would (``pid``, ``poll``, ``wait``, ``returncode``) from the exit
 statuses the fork server reports.
 """
 
@@ -60,8 +60,10 @@ _REPLY_TIMEOUT_S = 60.0
 _POLL_S = 0.05
 _INHERITED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 """Signals a child ignores when this process does (``exec`` keeps them ignored)."""
-MAX_FORK_SERVERS = 3
-"""Fork servers one process keeps (each holds ~250 MB of imports for NeMo Gym)."""
+MAX_FORK_SERVERS = 4
+"""Fork servers one process keeps (each holds its imports: ~250 MB for NeMo Gym, ~400 MB for
+torch and transformers, more for vLLM): one per kind of server a process may start (NeMo
+Gym, a sampler, vLLM, and one more)."""
 
 
 def fork_servers_enabled() -> bool:
@@ -80,16 +82,24 @@ def forkable(argv: Sequence[str]) -> bool:
     return bool(rest) and not rest[0].startswith("-")
 
 
+_OWN_TO_EACH_CHILD = frozenset({"PYTHONPATH", "PYTEST_CURRENT_TEST"})
+
+
 def _own_to_each_child(name: str) -> bool:
-    """Variables that differ from server to server of one stack and are read when a server
-    runs, never when the preloaded modules are imported (checked for NeMo Gym 0.7.0)."""
-    return name == "PYTHONPATH" or name.startswith("NEMO_GYM_")
+    """Variables that differ from server to server and are read when a server runs, never
+    when the preloaded modules are imported: ``PYTHONPATH`` and ``NEMO_GYM_*`` differ
+    between the servers of one stack (checked for NeMo Gym 0.7.0), and pytest names the
+    test running in ``PYTEST_CURRENT_TEST``, which no preloaded module reads (checked for
+    torch, transformers, peft, vLLM 0.32 and NeMo Gym 0.7.0): keyed by it, every test
+    would start fork servers of its own."""
+    return name in _OWN_TO_EACH_CHILD or name.startswith("NEMO_GYM_")
 
 
 def shared_env(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     """What of ``env`` the fork server's imports may read: the whole of it but the
-    variables each child has its own of (``PYTHONPATH``, ``NEMO_GYM_*``). A child is forked
-    only from a fork server started with exactly its own."""
+    variables each child has its own of (``PYTHONPATH``, ``NEMO_GYM_*``,
+    ``PYTEST_CURRENT_TEST``). A child is forked only from a fork server started with
+    exactly its own."""
     return tuple(sorted((k, v) for k, v in env.items() if not _own_to_each_child(k)))
 
 
