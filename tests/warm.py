@@ -61,7 +61,7 @@ class Run:
 
     def __init__(self, argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: Path) -> None:
         self.args = list(argv)
-        files = Path(tempfile.mkdtemp(prefix="nemogym-train-"))
+        files = Path(tempfile.mkdtemp(prefix="nemogym-run-"))
         weakref.finalize(self, shutil.rmtree, files, True)  # its output, once forgotten
         self._out, self._err = files / "stdout", files / "stderr"
         self._child: ForkedChild | subprocess.Popen[bytes]
@@ -105,9 +105,10 @@ class Run:
 
     def output(self) -> tuple[str, str]:
         """(stdout, stderr) so far."""
-        return tuple(  # type: ignore[return-value]
+        out, err = (
             p.read_text(errors="replace") if p.exists() else "" for p in (self._out, self._err)
         )
+        return out, err
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
         """Wait for the run to end (``subprocess.TimeoutExpired`` after ``timeout`` s), then
