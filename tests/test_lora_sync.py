@@ -604,6 +604,28 @@ def test_require_zero_catches_a_nonzero_b(server: Any, tmp_path: Path) -> None:
         sync.initialize(model)
 
 
+def test_initialize_reads_a_gathered_state_dict_not_the_models_slices(
+    server: Any, tmp_path: Path
+) -> None:
+    """A sharded model's rank 0 holds slices; the gathered state dict it passes is what
+    ``require_zero`` checks and what is published."""
+    import torch
+    from safetensors.torch import load_file
+
+    model = peft_model()
+    whole = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+    perturb(model, seed=5, only_first=True)  # the model's own B is no longer zero
+    sync = LoraSync(server.base_url, "gathered", tmp_path)
+    nonzero = {n: t + 1 if "lora_B" in n else t for n, t in whole.items()}
+    with pytest.raises(ConfigError, match=r"lora_B\.default\.weight"):
+        sync.initialize(model, state_dict=nonzero)
+    record = sync.initialize(model, state_dict=whole)
+    saved = load_file(str(Path(record.path) / "adapter_model.safetensors"))
+    assert len(saved) == len(whole) > 0
+    for name, tensor in whole.items():
+        assert torch.equal(saved[name.replace(".default", "")], tensor)
+
+
 def test_a_resumed_run_starts_at_its_checkpoints_version(server: Any, tmp_path: Path) -> None:
     """initialize(version=k): a resumed run publishes its checkpoint's adapter as version k
     and goes on with k + 1, the sequence of a run that was never stopped."""

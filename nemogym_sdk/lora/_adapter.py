@@ -13,7 +13,7 @@ from typing import Any
 from nemogym_sdk import _extras
 from nemogym_sdk.errors import ConfigError
 
-__all__ = ["first_nonzero_lora_b", "save_adapter"]
+__all__ = ["first_nonzero_lora_b", "gather_adapter", "is_sharded", "save_adapter"]
 
 _YOURSELF = "or save the adapter yourself and publish it with LoraSync.push(path)"
 _B_WEIGHTS = ("lora_B", "lora_embedding_B")
@@ -89,11 +89,31 @@ def save_adapter(model: object, directory: Path, *, state_dict: Any = None) -> s
     raise ConfigError(f"peft wrote no adapter_config.json under {directory}")
 
 
-def first_nonzero_lora_b(model: object) -> tuple[str, float] | None:
+def is_sharded(model: object) -> bool:
+    """Whether ``model`` is sharded with FSDP2 (each rank holds a slice of every weight)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def gather_adapter(model: object) -> dict[str, Any] | None:
+    """A sharded model's trainable weights (its adapter) in full, as CPU tensors on rank 0
+    and empty on the others: a collective every rank calls, for ``save_adapter``'s
+    ``state_dict``. None for a model that is whole on this rank (its own weights serve)."""
+    if not is_sharded(model):
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+    return dict(get_model_state_dict(model, options=options))  # type: ignore[arg-type]
+
+
+def first_nonzero_lora_b(model: object, *, state_dict: Any = None) -> tuple[str, float] | None:
     """The first nonzero ``lora_B`` weight of the active adapter, as (name, max |w|).
 
     ``None`` when every B weight is exactly zero (PEFT's default init: the adapter equals
-    the base model).
+    the base model). ``state_dict``: the model's gathered full state dict, read instead of
+    its parameters (a sharded model's are slices).
     Raises ``ConfigError`` when the adapter has no B weights at all.
     """
     _peft()
@@ -101,9 +121,10 @@ def first_nonzero_lora_b(model: object) -> tuple[str, float] | None:
 
     peft_instance = peft_model(model)
     active = active_adapter(peft_instance)
+    weights = peft_instance.named_parameters() if state_dict is None else state_dict.items()
     seen = 0
     with torch.no_grad():
-        for name, param in peft_instance.named_parameters():
+        for name, param in weights:
             parts = name.split(".")
             if not any(
                 part in _B_WEIGHTS and parts[i + 1 : i + 2] == [active]

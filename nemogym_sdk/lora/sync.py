@@ -203,7 +203,7 @@ class LoraSync:
         return caps
 
     def initialize(
-        self, model: object, *, require_zero: bool = True, version: int = 0
+        self, model: object, *, require_zero: bool = True, version: int = 0, state_dict: Any = None
     ) -> SyncRecord:
         """Publish the first version of ``model``'s adapter (``version``, 0 by default);
         call it before the first rollout.
@@ -214,7 +214,8 @@ class LoraSync:
         the base model; pass ``require_zero=False`` to start from a trained adapter. A
         resumed run passes the version its checkpoint's weights had (``require_zero=False``,
         ``version=steps done``), so the sampler sees the same version sequence as a run
-        that was never stopped.
+        that was never stopped. A sharded model passes its gathered ``state_dict``, as
+        for `sync`.
 
         Raises:
             ConfigError: a ``lora_B`` weight is nonzero, ``version`` is negative, or a
@@ -225,7 +226,7 @@ class LoraSync:
         if version < 0:
             raise ConfigError(f"the first adapter version must be >= 0, got {version}")
         if require_zero:
-            nonzero = _adapter.first_nonzero_lora_b(model)
+            nonzero = _adapter.first_nonzero_lora_b(model, state_dict=state_dict)
             if nonzero is not None:
                 name, largest = nonzero
                 raise ConfigError(
@@ -235,7 +236,9 @@ class LoraSync:
                     "trained adapter. Inits such as PiSSA, OLoRA or LoftQ also change the base "
                     "weights, which the inference server does not have: use the default init."
                 )
-        return self._publish(lambda tmp: _adapter.save_adapter(model, tmp), initial=version)
+        return self._publish(
+            lambda tmp: _adapter.save_adapter(model, tmp, state_dict=state_dict), initial=version
+        )
 
     def sync(self, model: object, *, state_dict: Any = None) -> SyncRecord:
         """Save ``model``'s active LoRA adapter as the next version and publish it.

@@ -42,7 +42,7 @@ RUN_ELSEWHERE: frozenset[str] = frozenset(
 EXCERPTED: dict[str, tuple[str, ...]] = {
     "nemogym_sdk/gym/envs/target_chars/": ("tests/test_toy_rules.py", "tests/gym/test_toy_env.py"),
     "examples/torch_grpo.py": ("tests/gym/test_training.py",),
-    "tests/gym/test_trl_async.py": ("tests/gym/test_trl_async.py",),
+    "tests/gym/trl_async.py": ("tests/gym/test_trl_async.py",),
 }
 """Files outside ``examples/docs/`` whose sections a python block may show, by path prefix ->
 the tests that run them. Such a block holds only ``--8<-- "path:name"`` lines; each shows

@@ -14,7 +14,8 @@ behind NeMo Gym's head server).
 
 from __future__ import annotations
 
-import queue
+import json
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -22,13 +23,20 @@ from typing import Any
 import numpy as np
 import pytest
 
-from nemogym_sdk.client import AgentClient
-from nemogym_sdk.data import load_rows
 from nemogym_sdk.errors import ConfigError, UsageError
-from nemogym_sdk.lora import LoraSync
 from nemogym_sdk.policy import SamplingParams
-from nemogym_sdk.rollout_engine import EngineOptions
+from nemogym_sdk.processes import free_loopback_ports
+from tests import warm
 from tests.gym.deployment import ToyDeployment
+from tests.gym.trl_async import (
+    GENERATIONS,
+    GROUPS,
+    OPTIONS,
+    build,
+    same_terms,
+    sample_terms,
+    trained_terms,
+)
 
 pytest.importorskip("trl")
 pytest.importorskip("peft")
@@ -41,88 +49,11 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:.*checkpointing.*:FutureWarning"),
 ]
 
-GENERATIONS, GROUPS = 4, 2
-OPTIONS = EngineOptions(
-    num_generations=GENERATIONS, groups_per_step=GROUPS, max_staleness=1, seed=0
-)
-
-
-class Taken(queue.Queue[Any]):
-    """The feed's queue, remembering what the trainer took from it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.taken: list[Any] = []
-
-    def get(self, block: bool = True, timeout: float | None = None) -> Any:
-        item = super().get(block, timeout)
-        self.taken.append(item)
-        return item
-
-
-def build(toy: ToyDeployment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    from peft import LoraConfig
-    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer, async_grpo_trainer
-
-    from nemogym_sdk.adapters.trl import NemoGymFeed, make_dataset, sampling_from_args
-    from nemogym_sdk.serve.tiny import build_tiny_tokenizer, save_tiny
-
-    monkeypatch.setattr(async_grpo_trainer, "get_peak_flops_per_device", lambda *_: 1.0)
-    rows, directory = load_rows(toy.train_file)[:3], toy.stack.directory
-    tokenizer, model_path = build_tiny_tokenizer(), str(save_tiny(tmp_path / "model", 0))
-    sampler_url, adapters = toy.sampler.base_url, tmp_path / "adapters"
-    cpu: dict[str, Any] = {"use_cpu": True, "bf16": False, "dtype": "float32"}
-    # --8<-- [start:config]
-    args = AsyncGRPOConfig(
-        output_dir=str(tmp_path / "out"),
-        max_steps=2,
-        num_generations=4,
-        per_device_train_batch_size=4,  # x gradient_accumulation_steps: one engine step
-        gradient_accumulation_steps=2,
-        token_budget=0,  # batches by count
-        max_staleness=1,
-        report_to=[],
-        **cpu,
-    )
-    options = EngineOptions(num_generations=4, groups_per_step=2, max_staleness=1, seed=0)
-    # --8<-- [end:config]
-    # --8<-- [start:feed]
-    client = AgentClient(directory, sampling=sampling_from_args(args))
-    sync = LoraSync(sampler_url, "policy", adapters)
-    feed = NemoGymFeed(client, rows, options, sync=sync, eos_token_id=tokenizer.eos_token_id)
-    trainer = AsyncGRPOTrainer(
-        model_path,
-        args=args,
-        train_dataset=make_dataset(rows),
-        processing_class=tokenizer,
-        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
-        rollout_worker=feed,
-        weight_transfer=feed,
-    )
-    feed.attach(trainer)  # checks the cadence; the model whose adapter it publishes
-    # --8<-- [end:feed]
-    assert options == OPTIONS
-    feed.rollout_buffer = trainer.rollout_queue = Taken()  # before the loader reads it
-    return trainer, feed, client, sync
-
 
 def check_packed(batch: dict[str, Any], samples: list[Any]) -> None:
     """TRL's packed micro-batch trains exactly the samples' policy tokens, with their
     sampler logprobs and advantages."""
-    want_labels, want_logps, want_adv = [], [], []
-    for sample in samples:
-        trained = np.flatnonzero(sample.completion_mask)
-        want_labels += sample.input_ids[trained].tolist()
-        want_logps += sample.old_log_probs[trained].tolist()
-        want_adv += [sample.advantage] * len(trained)
-    index = batch["token_index"][batch["token_index"] >= 0]
-    labels = batch["shift_labels"][0][index].tolist()
-    logps = batch["old_log_probs"][batch["token_index"] >= 0].tolist()
-    advantages = batch["advantages"][batch["token_index"] >= 0].tolist()
-    got = np.array(sorted(zip(labels, logps, advantages, strict=True)))
-    want = np.array(sorted(zip(want_labels, want_logps, want_adv, strict=True)))
-    assert got.shape == want.shape and got.shape[0] > 0
-    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    same_terms(trained_terms(batch), sample_terms(samples))
 
 
 def test_async_grpo_trainer_trains_whole_nemo_gym_groups_and_publishes_each_version(
@@ -133,7 +64,15 @@ def test_async_grpo_trainer_trains_whole_nemo_gym_groups_and_publishes_each_vers
     tokens, logprobs and advantages the SDK computed; its weight sync publishes version 1,
     after which the next step holds the groups the staleness bound makes due; and what it
     did not train comes back as the feed's leftover."""
-    trainer, feed, client, sync = build(toy_deployment, tmp_path, monkeypatch)
+    from trl.experimental.async_grpo import async_grpo_trainer
+
+    from nemogym_sdk.serve.tiny import save_tiny
+
+    monkeypatch.setattr(async_grpo_trainer, "get_peak_flops_per_device", lambda *_: 1.0)
+    toy, model_path = toy_deployment, str(save_tiny(tmp_path / "model", 0))
+    trainer, feed, client, sync = build(
+        toy.stack.directory, toy.sampler.base_url, toy.train_file, tmp_path, model_path
+    )
     try:
         trainer.callback_handler.on_train_begin(trainer.args, trainer.state, trainer.control)
         assert sync.served_version() == 0 and trainer.model_version == 1  # the cold sync
@@ -198,7 +137,9 @@ def test_async_grpo_trainer_trains_whole_nemo_gym_groups_and_publishes_each_vers
     assert set(leftover.requeue) == set(range(leftover.next_index)) - set(by_group)
 
 
-def fake_trainer(feed: Any, **changes: Any) -> SimpleNamespace:
+def fake_trainer(feed: Any, *, processes: int = 1, rank: int = 0, **changes: Any) -> Any:
+    """What ``attach`` reads of a trainer: one engine step per weight sync by default, and
+    the feed on rank 0 only, as TRL keeps it."""
     args = dict(
         token_budget=0,
         per_device_train_batch_size=GENERATIONS,
@@ -210,11 +151,13 @@ def fake_trainer(feed: Any, **changes: Any) -> SimpleNamespace:
         top_p=1.0,
     )
     args.update(changes)
+    mine = feed if rank == 0 else None
     return SimpleNamespace(
         args=SimpleNamespace(**args),
-        accelerator=SimpleNamespace(num_processes=1),
-        rollout_worker=feed,
-        weight_transfer=feed,
+        accelerator=SimpleNamespace(num_processes=processes, is_main_process=rank == 0),
+        callback_handler=SimpleNamespace(callbacks=["trl's"]),
+        rollout_worker=mine,
+        weight_transfer=mine,
     )
 
 
@@ -224,6 +167,7 @@ def fake_trainer(feed: Any, **changes: Any) -> SimpleNamespace:
         ({"token_budget": None}, "token_budget=None"),
         ({"gradient_accumulation_steps": 1}, "consumes 4 samples"),
         ({"weight_sync_steps": 2}, "consumes 16 samples"),
+        ({"processes": 2}, "consumes 16 samples .* x 2 processes"),
         ({"num_generations": 8}, "num_generations=8"),
         ({"max_staleness": 0}, "max_staleness=0"),
         ({"temperature": 0.7}, "temperature=0.7"),
@@ -241,3 +185,62 @@ def test_attach_refuses_a_trainer_that_would_break_the_pacing(
         feed.attach(fake_trainer(feed, **changes))
     with pytest.raises(UsageError, match="rollout_worker=feed"):
         feed.attach(fake_trainer(NemoGymFeed(client, ["row"], OPTIONS, sync=None, eos_token_id=0)))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_attach_on_every_rank_gathers_before_trl_syncs(rank: int) -> None:
+    """With two processes a weight sync consumes ``per_device x 2 x accumulation`` samples;
+    every rank attaches (TRL keeps the feed on rank 0 only), and the adapter's gather goes
+    first among the trainer's callbacks, ahead of TRL's weight syncs."""
+    from nemogym_sdk.adapters.trl import NemoGymFeed
+
+    client = SimpleNamespace(sampling=SamplingParams(temperature=1.0))
+    feed = NemoGymFeed(client, ["row"], OPTIONS, sync=None, eos_token_id=0)  # type: ignore[arg-type]
+    one = fake_trainer(feed, rank=rank)
+    feed.attach(one)
+    assert one.callback_handler.callbacks == ["trl's"]  # one process: nothing to gather
+    two = fake_trainer(feed, processes=2, rank=rank, gradient_accumulation_steps=1)
+    feed.attach(two)
+    first, rest = two.callback_handler.callbacks[0], two.callback_handler.callbacks[1:]
+    assert type(first).__name__ == "GatherBeforeSync" and rest == ["trl's"]
+
+
+def test_two_ranks_share_each_step_and_rank_0_publishes_the_whole_adapter(
+    toy_deployment: ToyDeployment, tmp_path: Path
+) -> None:
+    """``torchrun --nproc_per_node=2`` (``trl_async_ranks.py``), the policy whole on each
+    rank and then sharded with FSDP2: TRL's loader deals each engine step out to the two
+    ranks, which together train exactly its policy tokens, whole groups, with the sampler's
+    logprobs and the SDK's advantages; the feed runs on rank 0 only; each weight sync
+    publishes the whole adapter (every rank gathers a sharded one first), which the sampler
+    serves as the next version; and the second step holds the groups the bound makes due."""
+    from nemogym_sdk.serve.tiny import save_tiny
+
+    toy, (port,) = toy_deployment, free_loopback_ports(1)
+    head = toy.stack.directory.head_url
+    assert head is not None
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
+    argv += ["--master_port", str(port), "-m", "tests.gym.trl_async_ranks"]
+    argv += ["--head", head, "--sampler", toy.sampler.base_url]
+    argv += ["--train-file", str(toy.train_file), "--root", str(tmp_path)]
+    argv += ["--model", str(save_tiny(tmp_path / "model", 0))]
+    done = warm.run(argv)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for mode in ("whole", "sharded"):
+        rank0, rank1 = (json.loads((tmp_path / mode / f"rank{r}.json").read_text()) for r in (0, 1))
+        assert rank0["sharded"] == rank1["sharded"] == (mode == "sharded")
+        assert rank0["served_cold"] == 0 and rank0["published_cold"] == 0.0
+        assert rank0["served_after_sync"] == 1 and rank0["model_version"] == 2
+        assert rank0["published"] < 1e-6, rank0  # the whole adapter, as trained
+        step_groups = []
+        for mine, theirs in zip(rank0["steps"], rank1["steps"], strict=True):
+            assert mine["taken"] == GROUPS * GENERATIONS
+            assert mine["sizes"] == [GENERATIONS] * GROUPS  # whole groups
+            assert mine["terms"] and theirs["terms"]  # a group for each rank
+            same_terms(mine["terms"] + theirs["terms"], mine["want"])
+            assert max(mine["staleness"]) <= OPTIONS.max_staleness
+            step_groups.append(set(mine["groups"]))
+        # the pacing starts four groups on version 0; step 1 holds the two step 0 did not
+        assert step_groups[0].isdisjoint(step_groups[1])
+        assert step_groups[0] | step_groups[1] == {0, 1, 2, 3}
+        assert set(rank0["requeue"]) == set(range(rank0["next_index"])) - step_groups[0]

@@ -19,10 +19,16 @@ through ``LoraSync`` instead of TRL's NCCL stream to its own vLLM::
     trainer.train()
 
 One weight sync must consume exactly one engine step (``per_device_train_batch_size x
-gradient_accumulation_steps x weight_sync_steps == groups_per_step x num_generations``, with
-``token_budget=0`` so that TRL batches by count): the engine's pacing counts one publish per
-step, and that is what bounds staleness without discarding anything. ``attach`` checks it.
-Failed episodes stay in their group as samples with no trained token, so the count holds.
+processes x gradient_accumulation_steps x weight_sync_steps == groups_per_step x
+num_generations``, with ``token_budget=0`` so that TRL batches by count): the engine's pacing
+counts one publish per step, and that is what bounds staleness without discarding anything.
+``attach`` checks it. Failed episodes stay in their group as samples with no trained token,
+so the count holds.
+
+With several training processes (``accelerate launch`` or torchrun) every rank builds the
+feed and the trainer and calls ``attach``; TRL runs the feed on rank 0 only, and its loader
+deals each micro-batch out to the ranks. A sharded policy (FSDP2) is gathered on every rank
+just before each of TRL's weight syncs (a collective), and rank 0 publishes the whole adapter.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from nemogym_sdk.client import AgentClient
 from nemogym_sdk.collate import collate
 from nemogym_sdk.errors import ConfigError, UsageError
 from nemogym_sdk.grpo import compute_advantages
-from nemogym_sdk.lora import LoraSync
+from nemogym_sdk.lora import LoraSync, _adapter
 from nemogym_sdk.records import DriftPolicy, Rollout, TaskRow
 from nemogym_sdk.rollout_engine import EngineClosedError, EngineOptions, EngineStep, Group, Leftover
 
@@ -105,22 +111,21 @@ class NemoGymFeed:
         self._served: int | None = None  # the version the last resume() published
         self._trl_version: dict[int, int] = {}  # served version -> TRL's model_version
         self._handed: list[tuple[int, ...]] = []  # each engine step's groups, in order
+        self._gathered: dict[str, Any] | None = None  # a sharded adapter, for the next publish
 
     # --- wiring ---------------------------------------------------------------------------
 
     def attach(self, trainer: Any) -> None:
         """Bind the trainer (whose adapter `resume` publishes); check that one weight sync
-        consumes one engine step and that the trainer keeps every sample the engine makes."""
-        if trainer.rollout_worker is not self or trainer.weight_transfer is not self:
+        consumes one engine step and that the trainer keeps every sample the engine makes.
+        Every training process calls it (TRL keeps the feed on rank 0 only)."""
+        mine = self if trainer.accelerator.is_main_process else None  # TRL's rule
+        if trainer.rollout_worker is not mine or trainer.weight_transfer is not mine:
             raise UsageError(
                 "build the trainer with rollout_worker=feed and weight_transfer=feed, then "
                 "call feed.attach(trainer)"
             )
         args, processes = trainer.args, trainer.accelerator.num_processes
-        if processes != 1:
-            raise ConfigError(
-                f"NemoGymFeed publishes the adapter from one process; the trainer runs {processes}"
-            )
         if args.token_budget is None or args.token_budget > 0:
             raise ConfigError(
                 f"token_budget={args.token_budget}: set token_budget=0, so that the trainer "
@@ -128,6 +133,7 @@ class NemoGymFeed:
             )
         per_sync = (
             args.per_device_train_batch_size
+            * processes
             * args.gradient_accumulation_steps
             * args.weight_sync_steps
         )
@@ -135,8 +141,9 @@ class NemoGymFeed:
         if per_sync != per_step:
             raise ConfigError(
                 f"one weight sync consumes {per_sync} samples (per_device_train_batch_size x "
-                "gradient_accumulation_steps x weight_sync_steps) but an engine step holds "
-                f"{per_step} (groups_per_step x num_generations): make them equal"
+                f"{processes} processes x gradient_accumulation_steps x weight_sync_steps) but "
+                f"an engine step holds {per_step} (groups_per_step x num_generations): make "
+                "them equal"
             )
         if args.num_generations != self.options.num_generations:
             raise ConfigError(
@@ -156,6 +163,16 @@ class NemoGymFeed:
                 f"top_p={args.top_p}: build the client with sampling_from_args(args)"
             )
         self._trainer = trainer
+        if processes > 1:  # ahead of TRL's own callbacks: its cold sync and its weight syncs
+            trainer.callback_handler.callbacks.insert(0, _gather_before_sync(self))
+
+    def _gather(self) -> None:
+        """Gather a sharded policy's adapter for the next publish: a collective that every
+        rank runs just before each of TRL's weight syncs (``attach`` arranges it); rank 0
+        keeps the result. Nothing to do for a policy that is whole on every rank."""
+        model = self._trainer.accelerator.unwrap_model(self._trainer.model)
+        gathered = _adapter.gather_adapter(model)
+        self._gathered = gathered if self._trainer.accelerator.is_main_process else None
 
     # --- WeightTransferProtocol -----------------------------------------------------------
 
@@ -177,11 +194,19 @@ class NemoGymFeed:
         if self._trainer is None:
             raise UsageError("call feed.attach(trainer) before trainer.train()")
         model = self._trainer.accelerator.unwrap_model(self._trainer.model)
+        whole, self._gathered = self._gathered, None
+        if whole is None and _adapter.is_sharded(model):
+            raise UsageError(
+                "the policy is sharded and its adapter was not gathered before this weight "
+                "sync: call feed.attach(trainer) on every rank before trainer.train()"
+            )
         if self.sync.version is None:  # TRL's cold sync, before the first rollout
             first = self._first_version
-            record = self.sync.initialize(model, require_zero=first == 0, version=first)
+            record = self.sync.initialize(
+                model, require_zero=first == 0, version=first, state_dict=whole
+            )
         else:
-            record = self.sync.sync(model)
+            record = self.sync.sync(model, state_dict=whole)
         self._served = record.version
 
     def destroy(self) -> None:
@@ -302,6 +327,23 @@ class NemoGymFeed:
         served = [v for v in rollout.turn_versions if v is not None]
         known = [self._trl_version[v] for v in served if v in self._trl_version]
         return min(known) if known else group.started_on + 1
+
+
+def _gather_before_sync(feed: NemoGymFeed) -> Any:
+    """A ``TrainerCallback`` running `NemoGymFeed._gather` on every rank where TRL's weight
+    syncs run (its train begin; the end of every ``weight_sync_steps``-th step), placed
+    before them."""
+    from transformers import TrainerCallback
+
+    class GatherBeforeSync(TrainerCallback):
+        def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            feed._gather()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            if state.global_step % args.weight_sync_steps == 0:  # TRL's StepIntervalCallback
+                feed._gather()
+
+    return GatherBeforeSync()
 
 
 def _trained(rollout: Rollout) -> np.ndarray[Any, Any]:
