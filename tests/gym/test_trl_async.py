@@ -208,12 +208,13 @@ def test_attach_on_every_rank_gathers_before_trl_syncs(rank: int) -> None:
 def test_two_ranks_share_each_step_and_rank_0_publishes_the_whole_adapter(
     toy_deployment: ToyDeployment, tmp_path: Path
 ) -> None:
-    """``torchrun --nproc_per_node=2`` (``trl_async_ranks.py``), the policy whole on each
-    rank and then sharded with FSDP2: TRL's loader deals each engine step out to the two
-    ranks, which together train exactly its policy tokens, whole groups, with the sampler's
-    logprobs and the SDK's advantages; the feed runs on rank 0 only; each weight sync
-    publishes the whole adapter (every rank gathers a sharded one first), which the sampler
-    serves as the next version; and the second step holds the groups the bound makes due."""
+    """TRL's ``AsyncGRPOTrainer`` on ``torchrun --nproc_per_node=2``
+    (``trl_async_ranks.py``), the policy whole on each rank and then sharded with FSDP2:
+    TRL's loader deals each engine step out to the two ranks, which together train exactly
+    its policy tokens, whole groups, with the sampler's logprobs and the SDK's advantages;
+    the feed runs on rank 0 only; each weight sync publishes the whole adapter (every rank
+    gathers a sharded one first), which the sampler serves as the next version; and the
+    second step holds the groups the bound makes due."""
     from nemogym_sdk.serve.tiny import save_tiny
 
     toy, (port,) = toy_deployment, free_loopback_ports(1)
