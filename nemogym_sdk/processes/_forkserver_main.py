@@ -39,8 +39,6 @@ import types
 from typing import Any
 
 _BASE_PATH = list(sys.path[1:])  # sys.path[0] is this file's directory
-_INHERITED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-"""Signals a child ignores when its owner does (the request's ``ignore``)."""
 
 
 def _reply(message: dict[str, Any]) -> None:
@@ -73,7 +71,7 @@ def _child(request: dict[str, Any]) -> int:
     # stay ignored (exec keeps SIG_IGN); otherwise Ctrl-C raises KeyboardInterrupt and the
     # rest default. A closed pipe raises BrokenPipeError (SIGPIPE ignored, as here).
     ignored = set(request.get("ignore", ()))
-    for sig in (*_INHERITED, signal.SIGCHLD):
+    for sig in (*request.get("reset", ()), signal.SIGCHLD):
         if sig in ignored:
             signal.signal(sig, signal.SIG_IGN)
         elif sig == signal.SIGINT:

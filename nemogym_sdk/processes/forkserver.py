@@ -59,7 +59,8 @@ _REPLY_TIMEOUT_S = 60.0
 """How long a fork server may take to preload, or to answer a fork request."""
 _POLL_S = 0.05
 _INHERITED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-"""Signals a child ignores when this process does (``exec`` keeps them ignored)."""
+"""Signals a child ignores when this process does (``exec`` keeps them ignored) and starts
+with the interpreter's handler otherwise; each request names them (``reset``)."""
 MAX_FORK_SERVERS = 4
 """Fork servers one process keeps (each holds its imports: ~250 MB for NeMo Gym, ~400 MB for
 torch and transformers, more for vLLM): one per kind of server a process may start (NeMo
@@ -226,6 +227,7 @@ class ForkServer:
             "cwd": str(cwd),
             "env": dict(env),
             "log": str(log_path),
+            "reset": [int(s) for s in _INHERITED],
             "ignore": [int(s) for s in _INHERITED if signal.getsignal(s) == signal.SIG_IGN],
         }
         if stderr_path is not None:
