@@ -2,14 +2,16 @@
 versions into TRL's queue, and every TRL weight sync publishing the adapter through
 ``LoraSync`` (``nemogym_sdk.adapters.trl.async_feed``).
 
-The trainer is TRL 1.16's, built on the tiny model with a peft LoRA, and runs its own train
-begin (the cold sync, the worker's start), its own data loader (staleness filter, batcher,
-tree-packing collator) and its own weight sync. Two things of it need CUDA and are not run on
-this machine: ``get_peak_flops_per_device`` (a telemetry query in its constructor, replaced
-here by a constant) and the loss, whose tree attention is a FlashAttention-3 kernel that
-TRL fetches from the Hugging Face Hub (``kernels``): it has not run in this project. The
-episodes are real: the session's toy deployment (``nemogym_sdk.serve`` and ``target_chars``
-behind NeMo Gym's head server).
+The trainer is TRL 1.16's, built on the tiny model with a peft LoRA. Two things of it need
+CUDA: ``get_peak_flops_per_device`` (a telemetry query in its constructor, replaced here by
+a constant) and the FlashAttention-3 kernel its tree attention calls, which TRL fetches
+from the Hugging Face Hub (``kernels``). The first test drives TRL's train begin (the cold
+sync, the worker's start), its data loader (staleness filter, batcher, tree-packing
+collator) and its weight sync by hand, to look at each packed batch; another runs
+``trainer.train()`` whole, its loss and optimizer steps included, with the kernel replaced
+by the same attention in plain torch (``trl_async.CpuVarlenAttention``). The episodes are
+real: the session's toy deployment (``nemogym_sdk.serve`` and ``target_chars`` behind NeMo
+Gym's head server).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from tests.gym.trl_async import (
     GENERATIONS,
     GROUPS,
     OPTIONS,
+    CpuVarlenAttention,
     build,
     same_terms,
     sample_terms,
@@ -137,6 +140,55 @@ def test_async_grpo_trainer_trains_whole_nemo_gym_groups_and_publishes_each_vers
     assert set(leftover.requeue) == set(range(leftover.next_index)) - set(by_group)
 
 
+def test_async_grpo_trainer_train_steps_on_nemo_gym_groups_and_publishes_each_step(
+    toy_deployment: ToyDeployment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``trainer.train()`` as a user runs it, two optimizer steps (FlashAttention's kernel
+    replaced by `CpuVarlenAttention`): TRL's loss on the first step sees the sampler's own
+    logprobs (ratio 1, KL 0: every old logprob lines up with its token through TRL's tree
+    packing), the second trains groups at most one version old, the feed's figures reach
+    TRL's logs, each step's adapter is published (versions 0, 1, 2) and the last equals
+    the trained policy's, and the groups trained are not in the leftover."""
+    from safetensors.torch import load_file
+    from trl.experimental.async_grpo import async_grpo_trainer, packing
+
+    from nemogym_sdk.serve.tiny import save_tiny
+
+    monkeypatch.setattr(async_grpo_trainer, "get_peak_flops_per_device", lambda *_: 1.0)
+    monkeypatch.setattr(packing, "_flash_attn", lambda: CpuVarlenAttention)
+    toy, model_path = toy_deployment, str(save_tiny(tmp_path / "model", 0))
+    trainer, feed, client, sync = build(
+        toy.stack.directory, toy.sampler.base_url, toy.train_file, tmp_path, model_path
+    )
+    try:
+        trainer.train()
+    finally:
+        feed.stop()
+        client.close()
+        sync.close()
+    steps = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert [entry["step"] for entry in steps] == [1, 2]
+    first, second = steps
+    assert first["ratio"] == pytest.approx(1.0, abs=1e-4) and first["kl"] < 1e-6, first
+    assert first["sample/staleness_max"] == 0 and second["sample/staleness_max"] <= 1
+    assert all(np.isfinite(entry["loss"]) and entry["grad_norm"] > 0 for entry in steps)
+    assert first["nemogym/ok_frac"] > 0 and first["batch/samples_per_step"] == GROUPS * GENERATIONS
+    assert [record.version for record in sync.history] == [0, 1, 2]
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    published = load_file(str(Path(sync.history[-1].path) / "adapter_model.safetensors"))
+    trained = {
+        name.replace(".default", ""): param.detach()
+        for name, param in model.named_parameters()
+        if "lora_" in name
+    }
+    assert set(published) == set(trained)
+    assert all(torch.equal(published[name], trained[name]) for name in trained)
+    assert max(float(w.abs().max()) for n, w in trained.items() if "lora_B" in n) > 0  # moved
+    taken = feed.rollout_buffer.taken[: 2 * GROUPS * GENERATIONS]
+    assert feed.leftover is not None
+    assert not {s.group_id for s in taken} & set(feed.leftover.requeue)
+
+
 def fake_trainer(feed: Any, *, processes: int = 1, rank: int = 0, **changes: Any) -> Any:
     """What ``attach`` reads of a trainer: one engine step per weight sync by default, and
     the feed on rank 0 only, as TRL keeps it."""
@@ -214,7 +266,8 @@ def test_two_ranks_share_each_step_and_rank_0_publishes_the_whole_adapter(
     its policy tokens, whole groups, with the sampler's logprobs and the SDK's advantages;
     the feed runs on rank 0 only; each weight sync publishes the whole adapter (every rank
     gathers a sharded one first), which the sampler serves as the next version; and the
-    second step holds the groups the bound makes due."""
+    second step holds the groups the bound makes due. Then ``trainer.train()`` on both
+    ranks (data-parallel), its loss and optimizer steps included."""
     from nemogym_sdk.serve.tiny import save_tiny
 
     toy, (port,) = toy_deployment, free_loopback_ports(1)
@@ -245,3 +298,12 @@ def test_two_ranks_share_each_step_and_rank_0_publishes_the_whole_adapter(
         assert step_groups[0].isdisjoint(step_groups[1])
         assert step_groups[0] | step_groups[1] == {0, 1, 2, 3}
         assert set(rank0["requeue"]) == set(range(rank0["next_index"])) - step_groups[0]
+    # trainer.train() on both ranks: TRL's loss (reduced over the ranks) sees the sampler's
+    # logprobs on the first step, and each step's adapter is published
+    trained = json.loads((tmp_path / "trained" / "rank0.json").read_text())
+    assert trained["versions"] == [0, 1, 2] and [s["step"] for s in trained["steps"]] == [1, 2]
+    first, second = trained["steps"]
+    assert first["ratio"] == pytest.approx(1.0, abs=1e-4) and first["kl"] < 1e-6, first
+    assert first["batch/samples_per_step"] == GROUPS * GENERATIONS
+    assert second["sample/staleness_max"] <= OPTIONS.max_staleness
+    assert all(step["grad_norm"] > 0 for step in trained["steps"])

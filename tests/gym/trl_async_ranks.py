@@ -1,10 +1,13 @@
 """TRL's ``AsyncGRPOTrainer`` fed by ``NemoGymFeed`` on every process of a torchrun job (CPU,
 gloo): ``python -m torch.distributed.run --nproc_per_node=2 -m tests.gym.trl_async_ranks``.
 
-Run by ``test_trl_async.py::test_two_ranks_share_each_step_and_rank_0_publishes_the_whole_adapter``,
-once with the policy whole on every rank (data-parallel) and once sharded with FSDP2 (torch's
-``fully_shard``, what accelerate applies to TRL's model on GPUs; accelerate does not shard on
-the CPU). For each, every rank writes what it saw to ``<root>/<mode>/rank<r>.json``:
+Run by ``test_trl_async.py::test_two_ranks_share_each_step_and_rank_0_publishes_the_whole_adapter``.
+TRL's train begin, loader and weight sync are driven by hand twice, with the policy whole on
+every rank and sharded with FSDP2 (torch's ``fully_shard``, what accelerate applies to TRL's
+model on GPUs; accelerate does not shard on the CPU); then ``trainer.train()`` runs two
+steps data-parallel (``trained``), FlashAttention's kernel replaced by
+``CpuVarlenAttention``. For the first two, every rank writes what it saw to
+``<root>/<mode>/rank<r>.json``:
 
 - the loss terms of its row of each step's micro-batch (TRL's loader deals them out);
 - rank 0: the terms of the samples the loader took for each step, their groups and
@@ -27,6 +30,7 @@ from tests.gym.trl_async import (
     GENERATIONS,
     GROUPS,
     build,
+    cpu_attention,
     cpu_flops,
     sample_terms,
     trained_terms,
@@ -118,6 +122,29 @@ def one_mode(args: argparse.Namespace, mode: str) -> None:
     trainer.accelerator.wait_for_everyone()
 
 
+def trained(args: argparse.Namespace) -> None:
+    """``trainer.train()`` on both ranks, two optimizer steps (data-parallel: accelerate
+    wraps the policy in DDP); rank 0 writes TRL's logs and the versions published."""
+    root = args.root / "trained"
+    directory = ServerDirectory.from_head(args.head)
+    trainer, feed, client, sync = build(
+        directory, args.sampler, args.train_file, root, args.model, processes=2
+    )
+    try:
+        trainer.train()
+    finally:
+        feed.stop()
+        client.close()
+        sync.close()
+    if trainer.accelerator.is_main_process:
+        steps = [entry for entry in trainer.state.log_history if "loss" in entry]
+        versions = [record.version for record in sync.history]
+        seen = {"steps": steps, "versions": versions, "served": versions[-1]}
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "rank0.json").write_text(json.dumps(seen))
+    trainer.accelerator.wait_for_everyone()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--head", required=True)
@@ -125,11 +152,15 @@ def main() -> None:
     parser.add_argument("--train-file", type=Path, required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--root", type=Path, required=True)
-    parser.add_argument("--modes", nargs="+", default=["whole", "sharded"])
+    parser.add_argument("--modes", nargs="+", default=["whole", "sharded", "trained"])
     args = parser.parse_args()
     cpu_flops()
+    cpu_attention()
     for mode in args.modes:
-        one_mode(args, mode)
+        if mode == "trained":
+            trained(args)
+        else:
+            one_mode(args, mode)
 
 
 if __name__ == "__main__":
