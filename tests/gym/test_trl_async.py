@@ -143,12 +143,13 @@ def test_async_grpo_trainer_trains_whole_nemo_gym_groups_and_publishes_each_vers
 def test_async_grpo_trainer_train_steps_on_nemo_gym_groups_and_publishes_each_step(
     toy_deployment: ToyDeployment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``trainer.train()`` as a user runs it, two optimizer steps (FlashAttention's kernel
-    replaced by `CpuVarlenAttention`): TRL's loss on the first step sees the sampler's own
-    logprobs (ratio 1, KL 0: every old logprob lines up with its token through TRL's tree
-    packing), the second trains groups at most one version old, the feed's figures reach
-    TRL's logs, each step's adapter is published (versions 0, 1, 2) and the last equals
-    the trained policy's, and the groups trained are not in the leftover."""
+    """TRL's ``AsyncGRPOTrainer.train()`` as a user runs it, two optimizer steps
+    (FlashAttention's kernel replaced by `CpuVarlenAttention`): TRL's loss on the first step
+    sees the sampler's own logprobs (ratio 1, KL 0: every old logprob lines up with its
+    token through TRL's tree packing), the second trains groups at most one version old,
+    the feed's figures reach TRL's logs, each step's adapter is published (versions 0, 1,
+    2) and the last equals the trained policy's, and the groups trained are not in the
+    leftover."""
     from safetensors.torch import load_file
     from trl.experimental.async_grpo import async_grpo_trainer, packing
 

@@ -68,8 +68,8 @@ def test_find_vllm_venv_explains_what_is_missing(
     ],
 )
 def test_an_executor_in_extra_args_is_seen_in_every_spelling(extra: list[str], named: bool) -> None:
-    """The caller's executor stands however vLLM's parser would read it (``start_vllm``
-    adds ``uni`` on the CPU build only when none is given)."""
+    """The caller's executor stands however vLLM's parser would read it (``uni`` is added
+    on the CPU build only when none is given)."""
     assert names_flag(extra, "--distributed-executor-backend") is named
 
 
