@@ -489,6 +489,7 @@ SURFACE: dict[str, set[str]] = {
         "train_step",
     },
     "nemogym_sdk.adapters.trl": {
+        "CpuVarlenAttention",
         "LoraSyncCallback",
         "MAX_TRL_EXCLUSIVE",
         "MIN_TRL",
@@ -504,6 +505,7 @@ SURFACE: dict[str, set[str]] = {
         "make_verify_reward",
         "nemo_gym_reward",
         "prompt_row_id",
+        "run_async_grpo_on_cpu",
         "sampling_from_args",
         "to_trl_output",
     },

@@ -9,7 +9,7 @@ from the Hugging Face Hub (``kernels``). The first test drives TRL's train begin
 sync, the worker's start), its data loader (staleness filter, batcher, tree-packing
 collator) and its weight sync by hand, to look at each packed batch; another runs
 ``trainer.train()`` whole, its loss and optimizer steps included, with the kernel replaced
-by the same attention in plain torch (``trl_async.CpuVarlenAttention``). The episodes are
+by the same attention in plain torch (``run_async_grpo_on_cpu``). The episodes are
 real: the session's toy deployment (``nemogym_sdk.serve`` and ``target_chars`` behind NeMo
 Gym's head server).
 """
@@ -34,7 +34,6 @@ from tests.gym.trl_async import (
     GENERATIONS,
     GROUPS,
     OPTIONS,
-    CpuVarlenAttention,
     build,
     same_terms,
     sample_terms,
@@ -144,7 +143,7 @@ def test_async_grpo_trainer_train_steps_on_nemo_gym_groups_and_publishes_each_st
     toy_deployment: ToyDeployment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """TRL's ``AsyncGRPOTrainer.train()`` as a user runs it, two optimizer steps
-    (FlashAttention's kernel replaced by `CpuVarlenAttention`): TRL's loss on the first step
+    (on the CPU: ``run_async_grpo_on_cpu``): TRL's loss on the first step
     sees the sampler's own logprobs (ratio 1, KL 0: every old logprob lines up with its
     token through TRL's tree packing), the second trains groups at most one version old,
     the feed's figures reach TRL's logs, each step's adapter is published (versions 0, 1,
@@ -153,10 +152,15 @@ def test_async_grpo_trainer_train_steps_on_nemo_gym_groups_and_publishes_each_st
     from safetensors.torch import load_file
     from trl.experimental.async_grpo import async_grpo_trainer, packing
 
+    from nemogym_sdk.adapters.trl import run_async_grpo_on_cpu
     from nemogym_sdk.serve.tiny import save_tiny
 
-    monkeypatch.setattr(async_grpo_trainer, "get_peak_flops_per_device", lambda *_: 1.0)
-    monkeypatch.setattr(packing, "_flash_attn", lambda: CpuVarlenAttention)
+    for module, name in (
+        (async_grpo_trainer, "get_peak_flops_per_device"),
+        (packing, "_flash_attn"),
+    ):
+        monkeypatch.setattr(module, name, getattr(module, name))  # TRL's, back after the test
+    run_async_grpo_on_cpu()
     toy, model_path = toy_deployment, str(save_tiny(tmp_path / "model", 0))
     trainer, feed, client, sync = build(
         toy.stack.directory, toy.sampler.base_url, toy.train_file, tmp_path, model_path

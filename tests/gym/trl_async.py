@@ -3,8 +3,7 @@
 
 TRL's constructor queries the GPU's peak FLOPs (telemetry), and its tree attention calls a
 FlashAttention-3 kernel fetched from the Hugging Face Hub: on this machine the caller
-replaces the query by a constant (`cpu_flops`) and the kernel by `CpuVarlenAttention`
-(`cpu_attention`) before `build`.
+replaces both before `build` (``run_async_grpo_on_cpu``, or the query alone).
 """
 
 from __future__ import annotations
@@ -39,13 +38,6 @@ class Taken(queue.Queue[Any]):
         item = super().get(block, timeout)
         self.taken.append(item)
         return item
-
-
-def cpu_flops() -> None:
-    """Replace TRL's peak-FLOPs query (CUDA only) by a constant."""
-    from trl.experimental.async_grpo import async_grpo_trainer
-
-    async_grpo_trainer.get_peak_flops_per_device = lambda *_: 1.0
 
 
 def build(
@@ -131,52 +123,3 @@ def same_terms(got: list[Any], want: list[Any]) -> None:
     got_sorted, want_sorted = np.array(sorted(map(tuple, got))), np.array(sorted(map(tuple, want)))
     assert got_sorted.shape == want_sorted.shape and got_sorted.shape[0] > 0
     np.testing.assert_allclose(got_sorted, want_sorted, rtol=0, atol=1e-5)
-
-
-class CpuVarlenAttention:
-    """FlashAttention's ``flash_attn_varlen_func`` in plain torch, for TRL's tree attention
-    on the CPU (TRL fetches the CUDA kernel, FA3, from the Hugging Face Hub): for each packed
-    segment, causal attention from its queries to the keys of its root-to-segment path,
-    aligned at the end (FlashAttention's ``causal`` when there are more keys than queries).
-    The same arithmetic as the kernel (exact attention), one segment at a time."""
-
-    @staticmethod
-    def flash_attn_varlen_func(
-        query: Any,
-        key: Any,
-        value: Any,
-        cu_seqlens_q: Any,
-        cu_seqlens_k: Any,
-        max_seqlen_q: int,
-        max_seqlen_k: int,
-        *,
-        softmax_scale: float | None = None,
-        causal: bool = True,
-        window_size: tuple[int, int] = (-1, -1),
-        **rest: Any,
-    ) -> Any:
-        import torch
-        from torch.nn.functional import scaled_dot_product_attention
-
-        assert causal and window_size == (-1, -1) and not rest, (causal, window_size, rest)
-        out = torch.empty_like(query)
-        bounds_q, bounds_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-        repeat = query.shape[1] // key.shape[1]  # grouped-query attention
-        for q0, q1, k0, k1 in zip(bounds_q, bounds_q[1:], bounds_k, bounds_k[1:], strict=False):
-            q = query[q0:q1].transpose(0, 1)
-            k = key[k0:k1].repeat_interleave(repeat, dim=1).transpose(0, 1)
-            v = value[k0:k1].repeat_interleave(repeat, dim=1).transpose(0, 1)
-            seen = torch.ones(q1 - q0, k1 - k0, dtype=torch.bool).tril(
-                diagonal=(k1 - k0) - (q1 - q0)
-            )
-            out[q0:q1] = scaled_dot_product_attention(
-                q, k, v, attn_mask=seen, scale=softmax_scale
-            ).transpose(0, 1)
-        return out
-
-
-def cpu_attention() -> None:
-    """TRL's tree attention on `CpuVarlenAttention` instead of the Hub's FA3 kernel."""
-    from trl.experimental.async_grpo import packing
-
-    packing._flash_attn = lambda: CpuVarlenAttention

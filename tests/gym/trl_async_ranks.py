@@ -5,9 +5,8 @@ Run by ``test_trl_async.py::test_two_ranks_share_each_step_and_rank_0_publishes_
 TRL's train begin, loader and weight sync are driven by hand twice, with the policy whole on
 every rank and sharded with FSDP2 (torch's ``fully_shard``, what accelerate applies to TRL's
 model on GPUs; accelerate does not shard on the CPU); then ``trainer.train()`` runs two
-steps data-parallel (``trained``), FlashAttention's kernel replaced by
-``CpuVarlenAttention``. For the first two, every rank writes what it saw to
-``<root>/<mode>/rank<r>.json``:
+steps data-parallel (``trained``), on the CPU by ``run_async_grpo_on_cpu``. For the first
+two, every rank writes what it saw to ``<root>/<mode>/rank<r>.json``:
 
 - the loss terms of its row of each step's micro-batch (TRL's loader deals them out);
 - rank 0: the terms of the samples the loader took for each step, their groups and
@@ -30,8 +29,6 @@ from tests.gym.trl_async import (
     GENERATIONS,
     GROUPS,
     build,
-    cpu_attention,
-    cpu_flops,
     sample_terms,
     trained_terms,
 )
@@ -154,8 +151,9 @@ def main() -> None:
     parser.add_argument("--root", type=Path, required=True)
     parser.add_argument("--modes", nargs="+", default=["whole", "sharded", "trained"])
     args = parser.parse_args()
-    cpu_flops()
-    cpu_attention()
+    from nemogym_sdk.adapters.trl import run_async_grpo_on_cpu
+
+    run_async_grpo_on_cpu()
     for mode in args.modes:
         if mode == "trained":
             trained(args)

@@ -29,7 +29,8 @@ What a TRL user adds::
   sampler before training and after each optimizer step.
 - `NemoGymFeed`: TRL's asynchronous ``AsyncGRPOTrainer`` (``trl.experimental.async_grpo``)
   instead: its ``rollout_worker`` and ``weight_transfer``, whole groups from a
-  ``RolloutEngine`` and each version published through ``LoraSync``.
+  ``RolloutEngine`` and each version published through ``LoraSync``;
+  `run_async_grpo_on_cpu` lets that trainer run without a GPU (to try a pipeline).
 
 Needs ``trl>=1.6,<2`` (checked on import): ``pip install 'nemogym-sdk[trl]'``.
 """
@@ -48,6 +49,7 @@ from nemogym_sdk.adapters.trl._compat import (
 import_trl()
 
 from nemogym_sdk.adapters.trl.async_feed import NemoGymFeed  # noqa: E402
+from nemogym_sdk.adapters.trl.cpu import CpuVarlenAttention, run_async_grpo_on_cpu  # noqa: E402
 from nemogym_sdk.adapters.trl.dataset import ROW_ID_KEY, make_dataset, prompt_row_id  # noqa: E402
 from nemogym_sdk.adapters.trl.rewards import (  # noqa: E402
     TRLVerifyReward,
@@ -63,6 +65,7 @@ from nemogym_sdk.adapters.trl.rollout import (  # noqa: E402
 from nemogym_sdk.lora.callback import LoraSyncCallback  # noqa: E402
 
 __all__ = [
+    "CpuVarlenAttention",
     "LoraSyncCallback",
     "MAX_TRL_EXCLUSIVE",
     "MIN_TRL",
@@ -78,6 +81,7 @@ __all__ = [
     "make_verify_reward",
     "nemo_gym_reward",
     "prompt_row_id",
+    "run_async_grpo_on_cpu",
     "sampling_from_args",
     "to_trl_output",
 ]
