@@ -37,6 +37,7 @@ from tests.gym.trl_async import (
     build,
     same_terms,
     sample_terms,
+    train,
     trained_terms,
 )
 
@@ -165,13 +166,7 @@ def test_async_grpo_trainer_train_steps_on_nemo_gym_groups_and_publishes_each_st
     trainer, feed, client, sync = build(
         toy.stack.directory, toy.sampler.base_url, toy.train_file, tmp_path, model_path
     )
-    try:
-        trainer.train()
-    finally:
-        feed.stop()
-        client.close()
-        sync.close()
-    steps = [entry for entry in trainer.state.log_history if "loss" in entry]
+    steps = train(trainer, feed, client, sync)
     assert [entry["step"] for entry in steps] == [1, 2]
     first, second = steps
     assert first["ratio"] == pytest.approx(1.0, abs=1e-4) and first["kl"] < 1e-6, first
@@ -312,3 +307,23 @@ def test_two_ranks_share_each_step_and_rank_0_publishes_the_whole_adapter(
     assert first["batch/samples_per_step"] == GROUPS * GENERATIONS
     assert second["sample/staleness_max"] <= OPTIONS.max_staleness
     assert all(step["grad_norm"] > 0 for step in trained["steps"])
+
+
+def test_the_async_example_runs_as_a_user_runs_it(gym_venv: object, tmp_path: Path) -> None:
+    """``python examples/trl_async_grpo.py`` (TRL's ``AsyncGRPOTrainer`` through
+    ``NemoGymFeed``, servers of its own, on the CPU): two steps, each published, the first
+    trained on the sampler's own logprobs, the second at most one version stale, every
+    episode OK, the summary written."""
+    out = tmp_path / "run"
+    example = Path(__file__).resolve().parents[2] / "examples" / "trl_async_grpo.py"
+    done = warm.run([sys.executable, str(example), "--steps", "2", "--out", str(out)])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    first, second = summary["steps"]
+    assert summary["published_versions"] == [0, 1, 2]
+    assert first["ratio"] == pytest.approx(1.0, abs=1e-4)
+    assert second["sample/staleness_max"] <= 1
+    assert first["nemogym/ok_frac"] == second["nemogym/ok_frac"] == 1.0
+    # every group started was trained (two steps of the example's two) or is left to resume
+    assert summary["next_group"] == len(summary["untrained_groups"]) + 2 * 2
+    assert "step   2  reward" in done.stdout

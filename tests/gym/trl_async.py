@@ -123,3 +123,15 @@ def same_terms(got: list[Any], want: list[Any]) -> None:
     got_sorted, want_sorted = np.array(sorted(map(tuple, got))), np.array(sorted(map(tuple, want)))
     assert got_sorted.shape == want_sorted.shape and got_sorted.shape[0] > 0
     np.testing.assert_allclose(got_sorted, want_sorted, rtol=0, atol=1e-5)
+
+
+def train(trainer: Any, feed: Any, client: AgentClient, sync: LoraSync) -> list[dict[str, Any]]:
+    """``trainer.train()``, then the feed stopped and its connections closed, as a user
+    would; TRL's logs of each optimizer step."""
+    try:
+        trainer.train()
+    finally:
+        feed.stop()
+        client.close()
+        sync.close()
+    return [entry for entry in trainer.state.log_history if "loss" in entry]

@@ -30,6 +30,7 @@ from tests.gym.trl_async import (
     GROUPS,
     build,
     sample_terms,
+    train,
     trained_terms,
 )
 
@@ -127,14 +128,8 @@ def trained(args: argparse.Namespace) -> None:
     trainer, feed, client, sync = build(
         directory, args.sampler, args.train_file, root, args.model, processes=2
     )
-    try:
-        trainer.train()
-    finally:
-        feed.stop()
-        client.close()
-        sync.close()
+    steps = train(trainer, feed, client, sync)
     if trainer.accelerator.is_main_process:
-        steps = [entry for entry in trainer.state.log_history if "loss" in entry]
         versions = [record.version for record in sync.history]
         seen = {"steps": steps, "versions": versions, "served": versions[-1]}
         root.mkdir(parents=True, exist_ok=True)
