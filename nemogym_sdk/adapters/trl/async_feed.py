@@ -102,7 +102,8 @@ class NemoGymFeed:
         self.metrics_queue: queue.Queue[dict[str, Any]] = queue.Queue()
         """The engine's figures per step, for the trainer's logs (``nemogym/*``)."""
         self.leftover: Leftover | None = None
-        """What `stop` left untrained (groups to play first when resuming), once stopped."""
+        """What `stop` left untrained (groups to play first when resuming), once stopped; on
+        rank 0 only (the other ranks' feeds never start an engine)."""
         self._trainer: Any = None
         self._engine: Any = None
         self._thread: threading.Thread | None = None
