@@ -15,6 +15,12 @@ Run it (CPU is fine; needs the NeMo Gym venv, ``make gym-venv``)::
 
     python examples/trl_async_grpo.py --steps 4 --out runs/trl_async_grpo
 
+It starts the sampler and NeMo Gym itself, or attaches to running ones (``--head-url``,
+``--sampler-url``, ``--train-file``: a sampler that keeps ``max_staleness + 2`` adapter
+versions). Attached, it runs on several processes too, every one attaching::
+
+    accelerate launch examples/trl_async_grpo.py --head-url H --sampler-url S --train-file F
+
 ``--out`` receives ``summary.json`` (per step: TRL's logged metrics, among them the feed's
 ``nemogym/*``; the adapter versions published; the groups left untrained), the adapters and
 the logs.
@@ -59,13 +65,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--adapter-name", default="policy")
     parser.add_argument("--out", type=Path, default=Path("runs/trl_async_grpo"))
+    parser.add_argument("--head-url", help="NeMo Gym's head server, to attach to")
+    parser.add_argument("--sampler-url", help="the sampler NeMo Gym's model server uses")
+    parser.add_argument("--train-file", type=Path, help="NeMo Gym JSONL of training rows")
     return parser.parse_args(argv)
 
 
 @contextlib.contextmanager
 def servers(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
     """``nemogym_sdk.serve`` (the sampler: K + 2 adapter versions side by side, each turn's
-    version reported) and NeMo Gym's servers for ``target_chars`` with a head server."""
+    version reported) and NeMo Gym's servers for ``target_chars`` with a head server; or
+    the ones given on the command line."""
+    if args.head_url is not None:
+        if args.sampler_url is None or args.train_file is None:
+            raise SystemExit("--head-url needs --sampler-url and --train-file")
+        yield {
+            "sampler_url": args.sampler_url,
+            "head_url": args.head_url,
+            "train_path": args.train_file,
+        }
+        return
     versions = ["--adapter-versions", str(args.max_staleness + 2), "--version-policy", "pinned"]
     with start_serve(
         mode="sample",

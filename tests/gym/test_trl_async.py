@@ -309,14 +309,21 @@ def test_two_ranks_share_each_step_and_rank_0_publishes_the_whole_adapter(
     assert all(step["grad_norm"] > 0 for step in trained["steps"])
 
 
-def test_the_async_example_runs_as_a_user_runs_it(gym_venv: object, tmp_path: Path) -> None:
+def test_the_async_example_runs_as_a_user_runs_it(
+    toy_deployment: ToyDeployment, tmp_path: Path
+) -> None:
     """``python examples/trl_async_grpo.py`` (TRL's ``AsyncGRPOTrainer`` through
-    ``NemoGymFeed``, servers of its own, on the CPU): two steps, each published, the first
-    trained on the sampler's own logprobs, the second at most one version stale, every
-    episode OK, the summary written."""
-    out = tmp_path / "run"
+    ``NemoGymFeed``, on the CPU), attached to the session's deployment as a run on several
+    processes would be (starting its own is the same servers, ``start_serve`` and
+    ``GymStack``): two steps, each published, the first trained on the sampler's own
+    logprobs, the second at most one version stale, every episode OK, the summary written."""
+    out, toy = tmp_path / "run", toy_deployment
     example = Path(__file__).resolve().parents[2] / "examples" / "trl_async_grpo.py"
-    done = warm.run([sys.executable, str(example), "--steps", "2", "--out", str(out)])
+    head = toy.stack.directory.head_url
+    assert head is not None
+    argv = [sys.executable, str(example), "--steps", "2", "--out", str(out)]
+    argv += ["--head-url", head, "--sampler-url", toy.sampler.base_url]
+    done = warm.run([*argv, "--train-file", str(toy.train_file)])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     first, second = summary["steps"]
@@ -327,3 +334,29 @@ def test_the_async_example_runs_as_a_user_runs_it(gym_venv: object, tmp_path: Pa
     # every group started was trained (two steps of the example's two) or is left to resume
     assert summary["next_group"] == len(summary["untrained_groups"]) + 2 * 2
     assert "step   2  reward" in done.stdout
+
+
+def test_the_first_publish_refuses_a_sampler_that_keeps_too_few_versions(
+    toy_deployment: ToyDeployment, tmp_path: Path
+) -> None:
+    """The session's sampler keeps 4 adapter versions side by side; a feed whose engine may
+    run 3 versions behind needs 5: TRL's cold sync publishes version 0, then stops with a
+    ``ConfigError`` that says so, before any rollout."""
+    from nemogym_sdk.adapters.trl import NemoGymFeed
+    from nemogym_sdk.client import AgentClient
+    from nemogym_sdk.lora import LoraSync
+    from nemogym_sdk.rollout_engine import EngineOptions
+    from tests.lora_models import tiny_lora
+
+    model = tiny_lora()
+    options = EngineOptions(num_generations=GENERATIONS, groups_per_step=GROUPS, max_staleness=3)
+    sync = LoraSync(toy_deployment.sampler.base_url, "policy", tmp_path / "adapters")
+    feed = NemoGymFeed(
+        AgentClient(toy_deployment.stack.directory), [], options, sync=sync, eos_token_id=0
+    )
+    feed._trainer = SimpleNamespace(  # what attach binds: the trainer's model
+        model=model, accelerator=SimpleNamespace(unwrap_model=lambda m: m)
+    )
+    with sync, pytest.raises(ConfigError, match=r"keeps 4 version.* bound of 3 needs 5"):
+        feed.resume()
+    assert [record.version for record in sync.history] == [0] and feed._engine is None

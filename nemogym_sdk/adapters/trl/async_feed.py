@@ -191,7 +191,9 @@ class NemoGymFeed:
             pass
 
     def resume(self) -> None:
-        """Publish the trainer's adapter as the next version (the trainer has unmerged it)."""
+        """Publish the trainer's adapter as the next version (the trainer has unmerged it).
+        The first publish also checks that the sampler keeps ``max_staleness + 2`` versions
+        side by side and reports each turn's (``LoraSync.require_versions_kept``)."""
         if self._trainer is None:
             raise UsageError("call feed.attach(trainer) before trainer.train()")
         model = self._trainer.accelerator.unwrap_model(self._trainer.model)
@@ -206,6 +208,9 @@ class NemoGymFeed:
             record = self.sync.initialize(
                 model, require_zero=first == 0, version=first, state_dict=whole
             )
+            # episodes in flight keep the versions they started on: up to K behind, and the
+            # one being published (a ConfigError before the first rollout otherwise)
+            self.sync.require_versions_kept(self.options.max_staleness + 2)
         else:
             record = self.sync.sync(model, state_dict=whole)
         self._served = record.version
