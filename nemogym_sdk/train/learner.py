@@ -185,6 +185,6 @@ def prepare(
 def adapter_state(model: PeftModel) -> AdapterState:
     """The full adapter state for ``LoraSync.sync(model, state_dict=...)`` when the policy is
     sharded (a collective: every rank calls it; rank 0 gets it), else None."""
-    from nemogym_sdk.adapters.torch.sharding import full_state_dict, is_sharded
+    from nemogym_sdk.lora._adapter import gather_adapter
 
-    return full_state_dict(model, trainable_only=True) if is_sharded(model) else None
+    return gather_adapter(model)

@@ -87,14 +87,15 @@ def run_async_grpo_on_cpu() -> None:
             f"this TRL has no trl.experimental.async_grpo ({exc}); AsyncGRPOTrainer came with "
             "TRL 1.16: pip install 'trl>=1.16,<2'"
         ) from exc
-    for module, name in (
-        (async_grpo_trainer, "get_peak_flops_per_device"),
-        (packing, "_flash_attn"),
-    ):
+    replaced = (  # (module, function, its replacement)
+        (async_grpo_trainer, "get_peak_flops_per_device", lambda *_: None),
+        (packing, "_flash_attn", lambda: CpuVarlenAttention),
+    )
+    for module, name, _ in replaced:
         if not callable(getattr(module, name, None)):
             raise ConfigError(
                 f"{module.__name__} has no {name}(): this TRL's asynchronous trainer is laid out "
                 "differently from TRL 1.16's, which run_async_grpo_on_cpu knows"
             )
-    setattr(async_grpo_trainer, "get_peak_flops_per_device", lambda *_: None)  # noqa: B010
-    setattr(packing, "_flash_attn", lambda: CpuVarlenAttention)  # noqa: B010
+    for module, name, replacement in replaced:
+        setattr(module, name, replacement)
