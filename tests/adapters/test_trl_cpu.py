@@ -15,6 +15,7 @@ pytest.importorskip("trl")
 
 from nemogym_sdk.adapters.trl import CpuVarlenAttention, run_async_grpo_on_cpu  # noqa: E402
 from nemogym_sdk.errors import ConfigError  # noqa: E402
+from tests.gym.trl_async import on_cpu  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:You are importing from 'trl.experimental'")
 
@@ -58,12 +59,7 @@ def test_a_packed_tree_attends_as_each_whole_sequence_does() -> None:
 def test_run_async_grpo_on_cpu_names_what_this_trl_lacks(monkeypatch: pytest.MonkeyPatch) -> None:
     from trl.experimental.async_grpo import async_grpo_trainer, packing
 
-    for module, name in (
-        (async_grpo_trainer, "get_peak_flops_per_device"),
-        (packing, "_flash_attn"),
-    ):
-        monkeypatch.setattr(module, name, getattr(module, name))  # TRL's, back after the test
-    run_async_grpo_on_cpu()
+    on_cpu(monkeypatch)
     assert packing._flash_attn() is CpuVarlenAttention
     assert async_grpo_trainer.get_peak_flops_per_device(None, "float32") is None  # MFU off
     monkeypatch.delattr(packing, "_flash_attn")

@@ -3,15 +3,14 @@ versions into TRL's queue, and every TRL weight sync publishing the adapter thro
 ``LoraSync`` (``nemogym_sdk.adapters.trl.async_feed``).
 
 The trainer is TRL 1.16's, built on the tiny model with a peft LoRA. Two things of it need
-CUDA: ``get_peak_flops_per_device`` (a telemetry query in its constructor, replaced here by
-a constant) and the FlashAttention-3 kernel its tree attention calls, which TRL fetches
-from the Hugging Face Hub (``kernels``). The first test drives TRL's train begin (the cold
-sync, the worker's start), its data loader (staleness filter, batcher, tree-packing
-collator) and its weight sync by hand, to look at each packed batch; another runs
-``trainer.train()`` whole, its loss and optimizer steps included, with the kernel replaced
-by the same attention in plain torch (``run_async_grpo_on_cpu``). The episodes are
-real: the session's toy deployment (``nemogym_sdk.serve`` and ``target_chars`` behind NeMo
-Gym's head server).
+CUDA: ``get_peak_flops_per_device`` (a telemetry query in its constructor) and the
+FlashAttention-3 kernel its tree attention calls, which TRL fetches from the Hugging Face
+Hub (``kernels``); ``run_async_grpo_on_cpu`` replaces both for each test (``on_cpu``). The
+first test drives TRL's train begin (the cold sync, the worker's start), its data loader
+(staleness filter, batcher, tree-packing collator) and its weight sync by hand, to look at
+each packed batch; another runs ``trainer.train()`` whole, its loss and optimizer steps
+included. The episodes are real: the session's toy deployment (``nemogym_sdk.serve`` and
+``target_chars`` behind NeMo Gym's head server).
 """
 
 from __future__ import annotations
@@ -35,6 +34,7 @@ from tests.gym.trl_async import (
     GROUPS,
     OPTIONS,
     build,
+    on_cpu,
     same_terms,
     sample_terms,
     train,
@@ -67,11 +67,9 @@ def test_async_grpo_trainer_trains_whole_nemo_gym_groups_and_publishes_each_vers
     tokens, logprobs and advantages the SDK computed; its weight sync publishes version 1,
     after which the next step holds the groups the staleness bound makes due; and what it
     did not train comes back as the feed's leftover."""
-    from trl.experimental.async_grpo import async_grpo_trainer
-
     from nemogym_sdk.serve.tiny import save_tiny
 
-    monkeypatch.setattr(async_grpo_trainer, "get_peak_flops_per_device", lambda *_: 1.0)
+    on_cpu(monkeypatch)
     toy, model_path = toy_deployment, str(save_tiny(tmp_path / "model", 0))
     trainer, feed, client, sync = build(
         toy.stack.directory, toy.sampler.base_url, toy.train_file, tmp_path, model_path
@@ -151,17 +149,10 @@ def test_async_grpo_trainer_train_steps_on_nemo_gym_groups_and_publishes_each_st
     2) and the last equals the trained policy's, and the groups trained are not in the
     leftover."""
     from safetensors.torch import load_file
-    from trl.experimental.async_grpo import async_grpo_trainer, packing
 
-    from nemogym_sdk.adapters.trl import run_async_grpo_on_cpu
     from nemogym_sdk.serve.tiny import save_tiny
 
-    for module, name in (
-        (async_grpo_trainer, "get_peak_flops_per_device"),
-        (packing, "_flash_attn"),
-    ):
-        monkeypatch.setattr(module, name, getattr(module, name))  # TRL's, back after the test
-    run_async_grpo_on_cpu()
+    on_cpu(monkeypatch)
     toy, model_path = toy_deployment, str(save_tiny(tmp_path / "model", 0))
     trainer, feed, client, sync = build(
         toy.stack.directory, toy.sampler.base_url, toy.train_file, tmp_path, model_path

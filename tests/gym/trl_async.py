@@ -3,7 +3,7 @@
 
 TRL's constructor queries the GPU's peak FLOPs (telemetry), and its tree attention calls a
 FlashAttention-3 kernel fetched from the Hugging Face Hub: on this machine the caller
-replaces both before `build` (``run_async_grpo_on_cpu``, or the query alone).
+replaces both before `build` (``run_async_grpo_on_cpu``; `on_cpu` in a test).
 """
 
 from __future__ import annotations
@@ -38,6 +38,20 @@ class Taken(queue.Queue[Any]):
         item = super().get(block, timeout)
         self.taken.append(item)
         return item
+
+
+def on_cpu(monkeypatch: Any) -> None:
+    """``run_async_grpo_on_cpu`` for one test: TRL's two functions come back after it."""
+    from trl.experimental.async_grpo import async_grpo_trainer, packing
+
+    from nemogym_sdk.adapters.trl import run_async_grpo_on_cpu
+
+    for module, name in (
+        (async_grpo_trainer, "get_peak_flops_per_device"),
+        (packing, "_flash_attn"),
+    ):
+        monkeypatch.setattr(module, name, getattr(module, name))
+    run_async_grpo_on_cpu()
 
 
 def build(

@@ -66,7 +66,8 @@ def one_mode(args: argparse.Namespace, mode: str) -> None:
     )
     main = trainer.accelerator.is_main_process
     model = trainer.accelerator.unwrap_model(trainer.model)
-    expected = {k: v + NUDGE if "lora_B" in k else v for k, v in lora_weights(model).items()}
+    before = lora_weights(model)
+    expected = {k: v + NUDGE if "lora_B" in k else v for k, v in before.items()}
     if mode == "sharded":
         shard(model)
     seen: dict[str, Any] = {"rank": trainer.accelerator.process_index, "sharded": is_sharded(model)}
@@ -74,10 +75,7 @@ def one_mode(args: argparse.Namespace, mode: str) -> None:
         trainer.callback_handler.on_train_begin(trainer.args, trainer.state, trainer.control)
         if main:
             seen["served_cold"] = sync.served_version()
-            seen["published_cold"] = published_drift(
-                sync.history[-1].path,
-                {k: v - NUDGE if "lora_B" in k else v for k, v in expected.items()},
-            )
+            seen["published_cold"] = published_drift(sync.history[-1].path, before)
         loader = iter(trainer.get_train_dataloader())
         per_step = GROUPS * GENERATIONS
         seen["steps"] = []
