@@ -115,7 +115,8 @@ def start_serve(
         fork: fork it from this process's fork server for the interpreter, which imported
             torch, transformers and peft once (``SERVE_PRELOAD``, ~4 s of CPU a start
             otherwise): worth it where one process starts several samplers (replicas, a
-            test session). Not for ``--backend vllm``, which imports none of them;
+            test session). ``--backend vllm`` (the proxy) needs only transformers of them
+            (~2 s of its ~4 s start), so fork it where that fork server runs anyway;
             ``NEMOGYM_FORK_SERVERS=0`` overrides it (see `nemogym_sdk.processes.forkserver`).
 
     The server's torch threads wait passively (``OMP_WAIT_POLICY=PASSIVE`` unless this
@@ -141,20 +142,12 @@ def start_serve(
         health_url=f"http://{LOOPBACK}:{port}/health",
         ready_timeout=ready_timeout,
         env={"OMP_WAIT_POLICY": "PASSIVE", **os.environ},  # it shares the cores with a learner
-        preload=SERVE_PRELOAD if fork and not _vllm_backend(extra_args) else (),
+        preload=SERVE_PRELOAD if fork else (),
     )
     base_url = f"http://{LOOPBACK}:{port}/v1"
     with stopping_on_error(process):
         served = served_model_name or _base_model_name(base_url)
     return BackendProcess(process=process, base_url=base_url, served_model_name=served)
-
-
-def _vllm_backend(args: Sequence[str]) -> bool:
-    """Whether ``args`` choose ``--backend vllm`` (the proxy: no model of its own)."""
-    args = list(args)
-    return "--backend=vllm" in args or any(
-        a == "--backend" and args[i + 1 : i + 2] == ["vllm"] for i, a in enumerate(args)
-    )
 
 
 def _base_model_name(base_url: str) -> str:

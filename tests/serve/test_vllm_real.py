@@ -119,6 +119,7 @@ def test_proxy_keeps_every_rollout_contiguous_where_plain_vllm_drifts(
         served_model_name=served,
         extra_args=proxy_args,
         log_path=tmp_path / "proxy.log",
+        fork=True,
     )
     with (
         proxy_server as proxy,

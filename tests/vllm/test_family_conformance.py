@@ -273,7 +273,11 @@ def test_a_family_through_real_vllm_and_nemo_gym(
             fork=True,
         ) as vllm:
             with start_proxy(
-                vllm.base_url, model_dir, extra_args=proxy_args, log_path=tmp_path / "p.log"
+                vllm.base_url,
+                model_dir,
+                extra_args=proxy_args,
+                log_path=tmp_path / "p.log",
+                fork=True,  # the worker's sampler fork server: transformers imported once
             ) as proxy:
                 front.upstream = proxy.base_url
                 # one episode at a time: vLLM then computes every turn in a batch of one,

@@ -20,15 +20,22 @@ from typing import TYPE_CHECKING, Any
 
 from nemogym_sdk._filelock import exclusive
 from nemogym_sdk.serve.families.family import Architecture, Family
-from nemogym_sdk.serve.families.vocab import bpe_tokenizer, ranks_path, require_vocab_deps
+from nemogym_sdk.serve.families.vocab import (
+    Vocabulary,
+    bpe_tokenizer,
+    ranks_path,
+    require_vocab_deps,
+)
 from nemogym_sdk.serve.tiny import TINY_SHAPE, seeded_model
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 __all__ = [
     "build_family_model",
     "build_record",
+    "cached_bpe",
     "cached_dir",
     "build_family_tokenizer",
     "cache_root",
@@ -42,12 +49,48 @@ _DONE = "nemogym-family.json"
 """Written last into a cached directory: its presence means the build completed."""
 
 
+_BPE_FORMAT = 1
+"""Bumped when what `bpe_tokenizer` builds changes: older cached BPEs are then not read."""
+_CONVERTED: dict[Vocabulary, str] = {}
+"""Each vocabulary's converted BPE (``tokenizers`` JSON), once read or built in this process."""
+
+
+def cached_bpe(vocabulary: Vocabulary) -> Tokenizer:
+    """`bpe_tokenizer` (a new object each call: the caller adds its tokens), converted once
+    per machine: the conversion (~2-3 s) is kept as ``tokenizers`` JSON under `cache_root`,
+    keyed by the ranks file, the split pattern, this format and the ``tokenizers`` and
+    ``transformers`` versions that converted it, then read back (~0.5-1 s), in this process
+    from memory."""
+    require_vocab_deps()
+    import tokenizers
+    import transformers
+    from tokenizers import Tokenizer
+
+    text = _CONVERTED.get(vocabulary)
+    if text is None:
+        digest = hashlib.sha256(ranks_path(vocabulary).read_bytes())
+        for part in (vocabulary.pattern, tokenizers.__version__, transformers.__version__):
+            digest.update(part.encode())
+        digest.update(str(_BPE_FORMAT).encode())
+        path = cache_root() / "bpe" / f"{vocabulary.file_name}-{digest.hexdigest()[:16]}.json"
+        try:
+            text = path.read_text()
+        except OSError:
+            text = bpe_tokenizer(vocabulary).to_str()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as out:
+                out.write(text)
+            os.replace(out.name, path)  # whole or absent: a reader never sees half of it
+        _CONVERTED[vocabulary] = text
+    return Tokenizer.from_str(text)
+
+
 def build_family_tokenizer(family: Family) -> PreTrainedTokenizerFast:
     """The family's fast tokenizer: its BPE, added tokens at their ids, template, EOS, pad."""
     from tokenizers import AddedToken, processors
     from transformers import PreTrainedTokenizerFast
 
-    backend = bpe_tokenizer(family.vocabulary)
+    backend = cached_bpe(family.vocabulary)
     for token in family.added_tokens:  # one at a time: each takes the next id
         backend.add_tokens([AddedToken(token.text, special=token.special, normalized=False)])
         if backend.token_to_id(token.text) != token.id:
