@@ -33,9 +33,9 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from nemogym_sdk.processes.errors import ServerStartError
 
@@ -83,7 +83,7 @@ def forkable(argv: Sequence[str]) -> bool:
     return bool(rest) and not rest[0].startswith("-")
 
 
-_OWN_TO_EACH_CHILD = frozenset({"PYTHONPATH", "PYTEST_CURRENT_TEST"})
+_OWN_TO_EACH_CHILD = frozenset({"PYTHONPATH", "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"})
 
 
 def _own_to_each_child(name: str) -> bool:
@@ -92,15 +92,18 @@ def _own_to_each_child(name: str) -> bool:
     between the servers of one stack (checked for NeMo Gym 0.7.0), and pytest names the
     test running in ``PYTEST_CURRENT_TEST``, which no preloaded module reads (checked for
     torch, transformers, peft, vLLM 0.32 and NeMo Gym 0.7.0): keyed by it, every test
-    would start fork servers of its own."""
+    would start fork servers of its own. torch sets ``TORCHINDUCTOR_CACHE_DIR`` in its own
+    process's environment the first time inductor looks for its cache, after the imports
+    (a trainer's sampler is started after that, its fork server made before:
+    `nemogym_sdk.processes.zygote`)."""
     return name in _OWN_TO_EACH_CHILD or name.startswith("NEMO_GYM_")
 
 
 def shared_env(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     """What of ``env`` the fork server's imports may read: the whole of it but the
     variables each child has its own of (``PYTHONPATH``, ``NEMO_GYM_*``,
-    ``PYTEST_CURRENT_TEST``). A child is forked only from a fork server started with
-    exactly its own."""
+    ``PYTEST_CURRENT_TEST``, ``TORCHINDUCTOR_CACHE_DIR``). A child is forked only from a
+    fork server started with exactly its own."""
     return tuple(sorted((k, v) for k, v in env.items() if not _own_to_each_child(k)))
 
 
@@ -147,8 +150,16 @@ class ForkServer:
     """``_forkserver_main.py`` run by ``python`` with ``preload`` imported (see the module)."""
 
     def __init__(
-        self, python: str, preload: Sequence[str], env: tuple[tuple[str, str], ...]
+        self,
+        python: str,
+        preload: Sequence[str],
+        env: tuple[tuple[str, str], ...],
+        *,
+        start: Callable[[IO[bytes]], Any] | None = None,
     ) -> None:
+        """Start it (``start(log)``: another way to start it, given the file its stderr goes
+        to, returning what it uses of a ``subprocess.Popen``; `nemogym_sdk.processes.zygote`)
+        and wait until it has imported ``preload``."""
         self.owner = os.getpid()
         self.python = python
         self.preload = tuple(preload)
@@ -160,12 +171,16 @@ class ForkServer:
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 -- its stderr, closed in close()
         argv = [python, "-u", "-P", str(_MAIN), *self.preload]
         try:
-            self._process = subprocess.Popen(
-                argv,
-                env=dict(env),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=self._log,
+            self._process = (
+                start(self._log)
+                if start is not None
+                else subprocess.Popen(
+                    argv,
+                    env=dict(env),
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=self._log,
+                )
             )
         except OSError as exc:
             self._log.close()
@@ -303,10 +318,17 @@ _RETIRED: list[ForkServer] = []
 _SERVERS_LOCK = threading.Lock()
 
 
-def fork_server(python: str, preload: Sequence[str], env: Mapping[str, str]) -> ForkServer:
+def fork_server(
+    python: str,
+    preload: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    start: Callable[[IO[bytes]], Any] | None = None,
+) -> ForkServer:
     """This process's fork server for ``python`` with ``preload`` imported under ``env``'s
-    `shared_env`, started on first use, a new one after a fork or if it has ended. The
-    least recently used beyond `MAX_FORK_SERVERS` is closed (each holds its imports)."""
+    `shared_env`, started on first use (by ``start``, see `ForkServer`), a new one after a
+    fork or if it has ended. The least recently used beyond `MAX_FORK_SERVERS` is closed
+    (each holds its imports)."""
     key = (python, tuple(preload), shared_env(env))
     with _SERVERS_LOCK:
         _RETIRED[:] = [s for s in _RETIRED if s._process.poll() is None]
@@ -314,7 +336,7 @@ def fork_server(python: str, preload: Sequence[str], env: Mapping[str, str]) -> 
         if server is None or not server.alive or server.owner != os.getpid():
             if server is not None:
                 _retire(server)
-            server = ForkServer(python, preload, key[2])
+            server = ForkServer(python, preload, key[2], start=start)
         _SERVERS[key] = server  # the most recently used last
         while len(_SERVERS) > MAX_FORK_SERVERS:
             _retire(_SERVERS.pop(next(iter(_SERVERS))))
@@ -326,6 +348,18 @@ def _retire(server: ForkServer) -> None:
     if server.owner == os.getpid():
         server.close(wait=0.0)
         _RETIRED.append(server)
+
+
+def _forget_servers() -> None:
+    """In a forked child: the fork servers are its parent's, and the lock may have been
+    held at the fork (`nemogym_sdk.processes.zygote` forks while `fork_server` holds it)."""
+    global _SERVERS_LOCK
+    _SERVERS_LOCK = threading.Lock()
+    _SERVERS.clear()
+    _RETIRED.clear()
+
+
+os.register_at_fork(after_in_child=_forget_servers)
 
 
 def _close_servers() -> None:

@@ -38,7 +38,7 @@ from nemogym_sdk.processes import (
 if TYPE_CHECKING:
     from nemogym_sdk.gym.specs import PolicyModel
 
-__all__ = ["SERVE_PRELOAD", "BackendProcess", "start_serve"]
+__all__ = ["SERVE_PRELOAD", "BackendProcess", "serve_env", "start_serve"]
 
 SERVE_PRELOAD = ("torch", "transformers", "peft", "nemogym_sdk.serve.app")
 """What a ``nemogym_sdk.serve`` sampler imports before it loads its model (~4 s of CPU):
@@ -141,13 +141,19 @@ def start_serve(
         log_path=Path(log_path) if log_path is not None else default_log_path("serve", port),
         health_url=f"http://{LOOPBACK}:{port}/health",
         ready_timeout=ready_timeout,
-        env={"OMP_WAIT_POLICY": "PASSIVE", **os.environ},  # it shares the cores with a learner
+        env=serve_env(),
         preload=SERVE_PRELOAD if fork else (),
     )
     base_url = f"http://{LOOPBACK}:{port}/v1"
     with stopping_on_error(process):
         served = served_model_name or _base_model_name(base_url)
     return BackendProcess(process=process, base_url=base_url, served_model_name=served)
+
+
+def serve_env() -> dict[str, str]:
+    """A sampler's environment: this process's, its torch threads waiting passively unless
+    this process says otherwise (it shares the cores with a learner)."""
+    return {"OMP_WAIT_POLICY": "PASSIVE", **os.environ}
 
 
 def _base_model_name(base_url: str) -> str:

@@ -104,7 +104,7 @@ from nemogym_sdk.train.learner import (
 )
 from nemogym_sdk.train.outputs import MetricsLog, finish, library_warnings, outputs, say
 from nemogym_sdk.train.play import RolloutSource, play
-from nemogym_sdk.train.sampler import finish_groups, planned_url, sampler
+from nemogym_sdk.train.sampler import finish_groups, fork_ahead, planned_url, sampler
 from nemogym_sdk.train.startup import building, meanwhile
 from nemogym_sdk.wire import RESPONSES_CREATE_PARAMS, input_messages
 
@@ -503,6 +503,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with library_warnings(), StopSignals() as signals:
             config = parse_config(argv)
             _require_train_extra()  # after parsing: --help works without the extra
+            fork_ahead(config)  # before any thread: the sampler's fork server is this process
             run(config, signals=signals)
     except ConfigError as exc:  # what is wrong and how to fix it; no traceback needed
         print(f"nemogym-train: {exc} (see {exc.troubleshooting_url()})", file=sys.stderr)

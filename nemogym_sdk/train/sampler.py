@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from nemogym_sdk.processes import LOOPBACK, free_loopback_ports
 from nemogym_sdk.train.config import TrainConfig
 from nemogym_sdk.train.outputs import say
 
-__all__ = ["finish_groups", "planned_url", "sampler"]
+__all__ = ["finish_groups", "fork_ahead", "planned_url", "sampler"]
 
 logger = logging.getLogger(__name__)
 
@@ -83,10 +84,27 @@ def sampler(
             extra_args=["--device", device, *_version_args(config), *config.serve_args()],
             log_path=logs / "serve.log",
             port=port,
+            fork=True,  # from the copy of this process `fork_ahead` made, where it made one
         ) as served:
             yield served.base_url
         return
     yield from _vllm_sampler(config, out, model, device, port)
+
+
+def fork_ahead(config: TrainConfig) -> bool:
+    """Where this run starts a ``transformers`` sampler (rank 0), fork this process now,
+    before any thread of its own, into the fork server `sampler` forks it from: its imports
+    (torch, transformers, peft: ~4 s of CPU) are then this process's, not a new
+    interpreter's (`nemogym_sdk.processes.zygote`). False where it did not."""
+    starts_one = config.backend_url is None and config.backend == "transformers"
+    if not starts_one or config.replicas > 1 or config.router_url is not None:
+        return False
+    if os.environ.get("RANK", "0") != "0":  # torchrun: rank 0 starts the sampler
+        return False
+    from nemogym_sdk.processes.zygote import fork_this_process
+    from nemogym_sdk.samplers.backend import SERVE_PRELOAD, serve_env
+
+    return fork_this_process(SERVE_PRELOAD, serve_env())
 
 
 def _vllm_sampler(

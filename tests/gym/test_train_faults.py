@@ -78,6 +78,26 @@ def the(processes: dict[int, str], needle: str) -> int:
     return pid
 
 
+def the_sampler(processes: dict[int, str], out: Path) -> int:
+    """The sampler among ``processes``: the one listening on the port its log last said it
+    serves on (forked from the trainer's copy, it bears the trainer's command line)."""
+    ready = [
+        line
+        for line in (out / "logs" / "serve.log").read_text().splitlines()
+        if line.startswith("nemogym_sdk.serve ready")
+    ][-1]
+    found = re.search(r"base_url=http://127\.0\.0\.1:(\d+)/", ready)
+    assert found is not None, ready
+    port = int(found.group(1))
+
+    def listens(pid: int) -> bool:
+        sockets = psutil.Process(pid).net_connections()
+        return any(s.status == psutil.CONN_LISTEN and s.laddr.port == port for s in sockets)
+
+    (pid,) = [pid for pid in processes if listens(pid)]
+    return pid
+
+
 def assert_stopped_cleanly(processes: dict[int, str], err: str) -> None:
     """No server outlives the trainer; it says what happened in its last line, without a
     traceback or asyncio's noise about destroyed tasks."""
@@ -178,7 +198,7 @@ def chain(gym_venv: object, tmp_path_factory: pytest.TempPathFactory) -> Chain:
     trainer = start(out, "--steps", "50", "--resume", "--checkpoint-every", "1")
     wait_for_steps(out, trainer, sigkill.steps + 1)
     servers = children(trainer.pid)
-    os.kill(the(servers, "nemogym_sdk.serve"), signal.SIGKILL)
+    os.kill(the_sampler(servers, out), signal.SIGKILL)
     dead_sampler = Stop.of(trainer, servers, out)
 
     steps = str(dead_sampler.steps + 2)
@@ -201,6 +221,10 @@ def test_sigterm_stops_at_a_step_boundary_and_resume_goes_on(chain: Chain) -> No
     # each phase that takes a while says so (no silent wait before the first step)
     assert "nemogym-train: starting the sampler (nemogym_sdk.serve, model tiny" in stop.err
     assert "nemogym-train: starting NeMo Gym (GymStack): target_chars..." in stop.err
+    # the sampler was forked from a copy of the trainer made at its start (its imports not
+    # made again: nemogym_sdk.processes.zygote); the copy is among what must be gone
+    started = (chain.out / "logs" / "serve.log").read_text().splitlines()[0]
+    assert "(forked, torch, transformers, peft, nemogym_sdk.serve.app imported)" in started
     assert_stopped_cleanly(stop.servers, stop.err)
     kept = chain.out / "checkpoints" / f"step_{stop.steps:06d}"
     assert stop.steps >= 2 and stop.checkpoints == [kept.name]
