@@ -70,10 +70,10 @@ def sampler(
     from nemogym_sdk.samplers import start_serve
 
     model = config.model_dir()
-    if config.replicas > 1 or config.router_url is not None:
+    if _replicated(config):
         yield from _replicated_sampler(config, out, model, device, port)
         return
-    if config.backend == "transformers":
+    if _starts_one_sampler(config):
         name = config.model_family or config.model
         say(f"starting the sampler (nemogym_sdk.serve, model {name}, on {device})...")
         with start_serve(
@@ -96,8 +96,7 @@ def fork_ahead(config: TrainConfig) -> bool:
     before any thread of its own, into the fork server `sampler` forks it from: its imports
     (torch, transformers, peft: ~4 s of CPU) are then this process's, not a new
     interpreter's (`nemogym_sdk.processes.zygote`). False where it did not."""
-    starts_one = config.backend_url is None and config.backend == "transformers"
-    if not starts_one or config.replicas > 1 or config.router_url is not None:
+    if not _starts_one_sampler(config):
         return False
     if os.environ.get("RANK", "0") != "0":  # torchrun: rank 0 starts the sampler
         return False
@@ -105,6 +104,17 @@ def fork_ahead(config: TrainConfig) -> bool:
     from nemogym_sdk.samplers.backend import SERVE_PRELOAD, serve_env
 
     return fork_this_process(SERVE_PRELOAD, serve_env())
+
+
+def _replicated(config: TrainConfig) -> bool:
+    """Whether the run samples from replicas behind vllm-router (started, or attached to)."""
+    return config.replicas > 1 or config.router_url is not None
+
+
+def _starts_one_sampler(config: TrainConfig) -> bool:
+    """Whether `sampler` starts one ``transformers`` sampler (``nemogym_sdk.serve``)."""
+    attached = config.backend_url is not None
+    return not attached and not _replicated(config) and config.backend == "transformers"
 
 
 def _vllm_sampler(
