@@ -237,6 +237,16 @@ def test_gym_server_scripts_import_no_sdk_module_outside_themselves() -> None:
                 assert name.startswith(f"{ROOT}.gym.envs."), f"{path} imports {name}"
 
 
+@pytest.mark.parametrize("script", ["processes/_forkserver_main.py", "samplers/_vllm_main.py"])
+def test_scripts_run_by_another_venvs_python_import_nothing_of_the_sdk(script: str) -> None:
+    """The fork server's and vLLM's entry points run under another venv's interpreter with
+    ``-P`` (the SDK is not on its path): they import the standard library and what that venv
+    holds, never the SDK."""
+    path = PACKAGE / script
+    for name, _ in imports(module_name(path), path.read_text()):
+        assert name.split(".")[0] != ROOT, f"{path} imports {name}"
+
+
 @pytest.mark.parametrize(
     ("module", "source", "expected"),
     [

@@ -73,6 +73,50 @@ def test_an_executor_in_extra_args_is_seen_in_every_spelling(extra: list[str], n
     assert names_flag(extra, "--distributed-executor-backend") is named
 
 
+class _StartedError(Exception):
+    """Raised by the recording ``start_server``: the command was built, nothing ran."""
+
+
+@pytest.mark.parametrize(
+    ("cpu_build", "kwargs", "forked"),
+    [
+        (True, {}, True),
+        (True, {"engine_fork": False}, False),
+        (True, {"extra_args": ("--distributed-executor-backend", "mp")}, False),
+        (True, {"extra_args": ("--distributed-executor-backend", "mp"), "engine_fork": True}, True),
+        (False, {}, False),
+    ],
+    ids=["cpu", "cpu-not-asked", "cpu-own-executor", "cpu-asked", "gpu"],
+)
+def test_the_engine_is_forked_on_the_cpu_build_with_the_worker_in_the_engine(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    cpu_build: bool,
+    kwargs: dict[str, object],
+    forked: bool,
+) -> None:
+    """On the CPU build, with the model in the EngineCore, the server runs as ``python -P
+    _vllm_main.py`` (which forks the engine); otherwise, or when asked not to, as ``python -m``
+    vLLM's server module. The flags after the entry point are the same either way."""
+    import nemogym_sdk.samplers.vllm as vllm_module
+
+    calls: list[list[str]] = []
+
+    def recording(name: str, argv: list[str], **_: object) -> None:
+        calls.append(argv)
+        raise _StartedError
+
+    monkeypatch.setattr(vllm_module, "start_server", recording)
+    venv = VllmVenv(root=tmp_path, python=tmp_path / "bin" / "python", cpu_build=cpu_build)
+    with pytest.raises(_StartedError):
+        start_vllm(tmp_path, venv=venv, **kwargs)  # type: ignore[arg-type]
+    (argv,) = calls
+    main = Path(vllm_module.__file__).with_name("_vllm_main.py")
+    entry = ["-P", str(main)] if forked else ["-m", VLLM_SERVER_MODULE]
+    assert argv[:4] == [str(tmp_path / "bin" / "python"), *entry, "--model"]
+    assert main.is_file()
+
+
 def test_start_vllm_without_a_venv_or_model_starts_nothing(tmp_path: Path) -> None:
     """No venv: VllmVenvNotFoundError; a model path that is not a directory: ConfigError."""
     with pytest.raises(VllmVenvNotFoundError):
@@ -161,9 +205,11 @@ def test_the_server_is_one_process_group_with_runtime_lora(vllm_backend: Backend
     session ends, that stopping it left none of them behind. The server was started with
     runtime LoRA on, and on the CPU build the model runs in the EngineCore process, not in a
     worker process pinned to core 0. Its API server was forked (``start_vllm(fork=True)``)
-    from a fork server that imported it, and leads its group all the same."""
+    from a fork server that imported it, and leads its group all the same. On the CPU build
+    the EngineCore was forked from the API server (``engine_fork``): no new interpreter, so
+    no ``multiprocessing`` resource tracker either, which a spawned engine starts."""
     pids = group_pids(vllm_backend.pid)
-    assert vllm_backend.pid in pids and len(pids) >= 3, pids
+    assert vllm_backend.pid in pids and len(pids) >= 2, pids
     assert all(os.getpgid(pid) == vllm_backend.pid for pid in pids)
     assert all(pid_alive(pid) for pid in pids)
     assert group_alive(vllm_backend.pid)
@@ -174,3 +220,6 @@ def test_the_server_is_one_process_group_with_runtime_lora(vllm_backend: Backend
     if find_vllm_venv().cpu_build:
         assert "(EngineCore pid=" in log and "Starting to load model" in log
         assert "(Worker pid=" not in log and "OpenMP thread binding" not in log
+        assert "nemogym: the EngineCore is forked from the API server" in log
+        commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in pids]
+        assert not any(b"resource_tracker" in command for command in commands), commands
