@@ -12,10 +12,12 @@ Before asking NeMo Gym, an environment is located (:func:`~nemogym_sdk.gym.locat
 locate_environment`) and a missing config is reported with what is there instead
 (the variants of a directory, close environment names).
 
-Results are cached in this process, keyed by the request, the interpreter, the installed
-nemo-gym's parser modules and this resolver, and used while every config file the
-resolution read (and every agent config it looked for) is unchanged. Failures are never
-cached.
+Results are cached in this process and on disk (``$NEMOGYM_CONFIG_CACHE``, else
+``$XDG_CACHE_HOME/nemogym_sdk/gym-configs``: one JSON file per resolution, so that a new
+process, ``nemogym-train`` at every start, need not start the worker), keyed by the
+request, the interpreter, the installed nemo-gym's parser modules and this resolver, and
+used while every config file the resolution read (and every agent config it looked for) is
+unchanged. Failures are never cached; a cache that cannot be written is not used.
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ _RESOLVE_MAIN = Path(__file__).with_name("resolve_main.py")
 _PARSER_MODULES = ("__init__.py", "package_info.py", "global_config.py", "config_types.py")
 _SCRUBBED_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV", "__PYVENV_LAUNCHER__")
 _MEMORY: dict[str, tuple[dict[str, Any], dict[str, str]]] = {}
+_DISK_FORMAT = 1
+"""Bumped when what a cache file holds changes."""
+CONFIG_CACHE_ENV_VAR = "NEMOGYM_CONFIG_CACHE"
+"""Environment variable naming the directory resolutions are kept in across processes."""
 
 
 @attrs.frozen(kw_only=True)
@@ -358,16 +364,55 @@ def _cache_key(venv: GymVenv, entry: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
 
 
+def config_cache() -> Path:
+    """``$NEMOGYM_CONFIG_CACHE``, else ``$XDG_CACHE_HOME/nemogym_sdk/gym-configs``."""
+    override = os.environ.get(CONFIG_CACHE_ENV_VAR)
+    if override:
+        return Path(override).expanduser()
+    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache_home).expanduser() / "nemogym_sdk" / "gym-configs"
+
+
 def _cached(key: str) -> dict[str, Any] | None:
-    """A cached answer whose files are all unchanged."""
-    found = _MEMORY.get(key)
+    """A cached answer (this process's, else the disk's) whose files are all unchanged."""
+    found = _MEMORY.get(key) or _read_disk(key)
     if found is None:
         return None
     answer, digests = found
     if any(_digest(Path(file)) != digest for file, digest in digests.items()):
         return None
+    _MEMORY[key] = found
     return answer
 
 
 def _store(key: str, answer: dict[str, Any]) -> None:
     _MEMORY[key] = (answer, {file: _digest(Path(file)) for file in answer["files"]})
+    _write_disk(key, *_MEMORY[key])
+
+
+def _read_disk(key: str) -> tuple[dict[str, Any], dict[str, str]] | None:
+    try:
+        kept = json.loads((config_cache() / f"{key}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(kept, dict) or kept.get("format") != _DISK_FORMAT:
+        return None
+    return kept["answer"], kept["digests"]
+
+
+def _write_disk(key: str, answer: dict[str, Any], digests: dict[str, str]) -> None:
+    """Kept whole or not at all (written aside, then renamed); a cache that cannot be
+    written only costs the next process a resolution."""
+    kept = {"format": _DISK_FORMAT, "answer": answer, "digests": digests}
+    with contextlib.suppress(OSError):
+        directory = config_cache()
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(
+            "w", dir=directory, prefix=f".{key}-", suffix=".tmp", delete=False
+        ) as out:
+            json.dump(kept, out)
+        try:
+            os.replace(out.name, directory / f"{key}.json")
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(out.name)
