@@ -49,7 +49,7 @@ HEAVY = frozenset({"torch", "trl", "vllm", "axolotl", "transformers", "peft"})
 NETWORK = frozenset({"aiohttp", "requests", "yaml"})
 
 CORE = (
-    *("_extras", "_filelock", "collate", "data", "devices", "errors", "grpo", "hosts"),
+    *("_cache", "_extras", "_filelock", "collate", "data", "devices", "errors", "grpo", "hosts"),
     *("masks", "metrics"),
     *("policy", "ranks", "records", "rewards", "turns", "wire"),
     *("rollout_engine.groups", "rollout_engine.options", "rollout_engine.pacing"),

@@ -36,6 +36,7 @@ from typing import Any
 
 import attrs
 
+from nemogym_sdk._cache import user_cache
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.gym.locate import (
     EnvironmentLocation,
@@ -366,11 +367,7 @@ def _cache_key(venv: GymVenv, entry: Mapping[str, Any]) -> str:
 
 def config_cache() -> Path:
     """``$NEMOGYM_CONFIG_CACHE``, else ``$XDG_CACHE_HOME/nemogym_sdk/gym-configs``."""
-    override = os.environ.get(CONFIG_CACHE_ENV_VAR)
-    if override:
-        return Path(override).expanduser()
-    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache_home).expanduser() / "nemogym_sdk" / "gym-configs"
+    return user_cache(CONFIG_CACHE_ENV_VAR, "gym-configs")
 
 
 def _cached(key: str) -> dict[str, Any] | None:

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import attrs
 
+from nemogym_sdk._cache import user_cache
 from nemogym_sdk._filelock import exclusive
 from nemogym_sdk.errors import ConfigError
 from nemogym_sdk.gym.errors import RequirementsInstallError, UvNotFoundError
@@ -95,11 +96,7 @@ class ServerEnvironment:
 
 def default_requirements_cache() -> Path:
     """``$NEMOGYM_SERVER_ENVS``, else ``$XDG_CACHE_HOME/nemogym_sdk/server-envs``."""
-    override = os.environ.get(REQUIREMENTS_CACHE_ENV_VAR)
-    if override:
-        return Path(override).expanduser()
-    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache_home).expanduser() / "nemogym_sdk" / "server-envs"
+    return user_cache(REQUIREMENTS_CACHE_ENV_VAR, "server-envs")
 
 
 def find_uv() -> list[str]:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nemogym_sdk._cache import user_cache
 from nemogym_sdk._filelock import exclusive
 from nemogym_sdk.serve.families.family import Architecture, Family
 from nemogym_sdk.serve.families.vocab import (
@@ -162,11 +163,7 @@ def save_family(directory: str | Path, family: Family, seed: int = 0) -> Path:
 
 def cache_root() -> Path:
     """``$NEMOGYM_FAMILY_MODELS``, else ``$XDG_CACHE_HOME/nemogym_sdk/family-models``."""
-    explicit = os.environ.get("NEMOGYM_FAMILY_MODELS")
-    if explicit:
-        return Path(explicit)
-    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache_home) / "nemogym_sdk" / "family-models"
+    return user_cache("NEMOGYM_FAMILY_MODELS", "family-models")
 
 
 def _key(family: Family, seed: int, extra: tuple[str, ...]) -> str:
