@@ -394,7 +394,10 @@ def _read_disk(key: str) -> tuple[dict[str, Any], dict[str, str]] | None:
         return None
     if not isinstance(kept, dict) or kept.get("format") != _DISK_FORMAT:
         return None
-    return kept["answer"], kept["digests"]
+    answer, digests = kept.get("answer"), kept.get("digests")
+    if not isinstance(answer, dict) or not isinstance(digests, dict):
+        return None
+    return answer, digests
 
 
 def _write_disk(key: str, answer: dict[str, Any], digests: dict[str, str]) -> None:

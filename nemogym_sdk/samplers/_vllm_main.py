@@ -6,7 +6,7 @@ nothing of the SDK on its path, and imports only vLLM and the standard library.
 The API server starts its EngineCore with the start method ``VLLM_WORKER_MULTIPROC_METHOD``
 names: ``fork`` by default, unless CUDA is initialized. vLLM's CPU build sets it to
 ``spawn`` while it checks the config, so the EngineCore is a new interpreter that imports
-vLLM again: ~9 CPU-s a start on a 2-core box, the server ready in ~23 s instead of ~13 s.
+vLLM again: ~9 CPU-s a start on a 2-core box, the server ready in ~23 s instead of ~11 s.
 Here the CPU platform's check runs as before and the method is put back to ``fork`` after
 it. The API server has computed nothing with torch when it starts the engine (no OpenMP
 thread pool exists yet), and with ``start_vllm``'s ``worker_in_engine`` the model runs in

@@ -178,7 +178,7 @@ def start_vllm(
             its own either way.
         engine_fork: fork the EngineCore from the API server where vLLM's CPU build would
             spawn it, importing vLLM again (``_vllm_main.py`` says how; the server is ready
-            in ~13 s instead of ~23 s, ~9 CPU-s less a start). Default: on vLLM's CPU build
+            in ~11 s instead of ~23 s, ~9 CPU-s less a start). Default: on vLLM's CPU build
             with ``worker_in_engine``, the configuration it was proven with. Elsewhere vLLM
             forks it already, unless CUDA is initialized. Needs Python 3.11 or later in the
             vLLM venv (``python -P``).

@@ -114,3 +114,7 @@ def test_a_refusal_is_not_kept_and_a_broken_file_is_not_used(
     resolve_environments(gym_venv, [NAME], env_path=[tmp_path / "envs"])
     assert asked == [[NAME], [NAME], [NAME]]
     assert kept.read_text() == whole
+    kept.write_text('{"format": 1, "answer": null, "digests": []}')
+    new_process(monkeypatch)
+    resolve_environments(gym_venv, [NAME], env_path=[tmp_path / "envs"])
+    assert asked == [[NAME], [NAME], [NAME], [NAME]]
