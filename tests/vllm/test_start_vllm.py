@@ -97,7 +97,7 @@ def test_the_engine_is_forked_on_the_cpu_build_with_the_worker_in_the_engine(
 ) -> None:
     """On the CPU build, with the model in the EngineCore, the server runs as ``python -P
     _vllm_main.py`` (which forks the engine); otherwise, or when asked not to, as ``python -m``
-    vLLM's server module. The flags after the entry point are the same either way."""
+    vLLM's server module; the model comes next either way."""
     import nemogym_sdk.samplers.vllm as vllm_module
 
     calls: list[list[str]] = []
